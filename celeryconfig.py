@@ -1,0 +1,81 @@
+"""Celery settings. Celery is only the transport of task ids: PostgreSQL owns every task's state,
+so each setting below is chosen to make the transport fast, boring and unable to hurt a task.
+"""
+
+from kombu import Queue
+
+from tasks_core.settings import get_settings
+from tasks_core.transport import DURABLE_QUEUE, DUTIES_QUEUE
+
+_s = get_settings()
+
+broker_url = _s.broker_url or "redis://127.0.0.1:6379/0"
+broker_connection_retry_on_startup = True
+
+# JSON only: a message is a task id, nothing a pickle could smuggle in.
+task_serializer = "json"
+result_serializer = "json"
+accept_content = ["json"]
+event_serializer = "json"
+
+# Nothing reads Celery results: the task row holds the outcome.
+task_ignore_result = True
+result_backend = None
+
+# Two queues: long durable work, and the short duties that recover it. Every worker consumes both,
+# and its concurrency (capacity + 2 by default) leaves children free for duties, so long tasks can
+# never starve the publisher or the reconciler.
+task_queues = (Queue(DURABLE_QUEUE), Queue(DUTIES_QUEUE))
+task_default_queue = DURABLE_QUEUE
+task_routes = {
+    "dtask.run": {"queue": DURABLE_QUEUE},
+    "dtask.publish": {"queue": DUTIES_QUEUE},
+    "dtask.reconcile": {"queue": DUTIES_QUEUE},
+    "dtask.prune": {"queue": DUTIES_QUEUE},
+}
+
+# Early acknowledgement, no prefetch: a worker holds only the message it is running, so no message
+# waits behind a long task, and nothing sits in Redis' "unacked" set where the visibility timeout
+# would re-deliver it while the first run goes on. A message lost between acknowledgement and claim
+# leaves a pending row that the publisher re-sends within DTASK_PUBLISH_SECONDS.
+task_acks_late = False
+task_reject_on_worker_lost = False
+worker_prefetch_multiplier = 1
+worker_disable_prefetch = True
+# Only matters if someone turns on late acks: never re-deliver before the longest allowed task.
+broker_transport_options = {"visibility_timeout": int(_s.max_timeout_seconds) + 3600}
+
+# No Celery time limits: the durable timeout (task row, enforced by the runtime) is the only one,
+# and it ends the task through its terminal transaction and hooks. A Celery hard limit would kill
+# the process mid-write and leave the reconciler to clean up.
+task_time_limit = None
+task_soft_time_limit = None
+
+# A child per task, recycled now and then to bound memory growth in long-lived workers.
+worker_max_tasks_per_child = 1000
+
+# Task events for Flower.
+worker_send_task_events = True
+task_send_sent_event = True
+
+# Beat only schedules; workers run the duties. Each entry expires after its interval, so a backlog
+# of duty messages never piles up while workers are down (each duty is also safe to run twice).
+beat_schedule = {
+    "publish-pending": {
+        "task": "dtask.publish",
+        "schedule": _s.publish_seconds,
+        "options": {"queue": DUTIES_QUEUE, "expires": _s.publish_seconds},
+    },
+    "reconcile-leases": {
+        "task": "dtask.reconcile",
+        "schedule": _s.reconcile_seconds,
+        "options": {"queue": DUTIES_QUEUE, "expires": _s.reconcile_seconds},
+    },
+}
+if _s.prune_after_seconds:
+    beat_schedule["prune-terminal"] = {
+        "task": "dtask.prune",
+        "schedule": 3600.0,
+        "args": [_s.prune_after_seconds],
+        "options": {"queue": DUTIES_QUEUE, "expires": 3600.0},
+    }

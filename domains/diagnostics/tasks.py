@@ -1,0 +1,14 @@
+"""Registry entries of the diagnostics domain (module paths only: nothing is imported here)."""
+
+from tasks_core.registry import TaskSpec
+
+_HOOKS = {
+    "on_success": "domains.diagnostics.hooks:on_success",
+    "on_failure": "domains.diagnostics.hooks:on_failure",
+}
+
+SPECS = (
+    TaskSpec("diagnostics.noop", "domains.diagnostics.handlers:noop", timeout_seconds=60, **_HOOKS),
+    TaskSpec("diagnostics.sleep", "domains.diagnostics.handlers:sleep", **_HOOKS),
+    TaskSpec("diagnostics.fail", "domains.diagnostics.handlers:fail", timeout_seconds=60, **_HOOKS),
+)

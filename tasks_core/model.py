@@ -1,0 +1,132 @@
+"""The task table and the attempts audit table (SQLAlchemy Core; Alembic migrates them)."""
+
+from __future__ import annotations
+
+import enum
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+metadata = MetaData(naming_convention=NAMING)
+
+
+class Status(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCESS = "success"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+ACTIVE = (Status.PENDING, Status.RUNNING)
+TERMINAL = (Status.SUCCESS, Status.FAILED, Status.CANCELLED)
+LEGACY_VERSION = 0
+
+tasks = Table(
+    "tasks",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("task_type", Text, nullable=False),
+    Column("handler_version", Integer, nullable=False),
+    Column("payload", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("owner", Text, nullable=True),
+    Column("status", Text, nullable=False, server_default=Status.PENDING.value),
+    Column("dedupe_key", Text, nullable=True),
+    Column("attempt_token", UUID(as_uuid=True), nullable=True),
+    Column("attempt_count", Integer, nullable=False, server_default="0"),
+    Column("lease_expires_at", DateTime(timezone=True), nullable=True),
+    Column("heartbeat_at", DateTime(timezone=True), nullable=True),
+    Column("cancel_requested_at", DateTime(timezone=True), nullable=True),
+    Column("timeout_seconds", Float, nullable=False),
+    Column("progress", Float, nullable=False, server_default="0"),
+    Column("message", Text, nullable=True),
+    Column("result", JSONB, nullable=True),
+    Column("error", JSONB, nullable=True),
+    # A retry-safe task sent back to pending is not claimable before this instant (backoff).
+    Column("not_before", DateTime(timezone=True), nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.clock_timestamp()),
+    Column("started_at", DateTime(timezone=True), nullable=True),
+    Column("finished_at", DateTime(timezone=True), nullable=True),
+    Column("last_published_at", DateTime(timezone=True), nullable=True),
+    # Last publication failure (NULL after a successful publish): tells users why work waits.
+    Column("publish_error", Text, nullable=True),
+    CheckConstraint(
+        "status IN ('pending', 'running', 'success', 'failed', 'cancelled')", name="status"
+    ),
+    CheckConstraint(
+        "timeout_seconds > 0 AND timeout_seconds < 'Infinity'::float8", name="timeout_positive"
+    ),
+    CheckConstraint("progress >= 0 AND progress <= 100", name="progress_range"),
+    CheckConstraint("handler_version >= 0", name="handler_version"),
+    # A running row always has an owner and a lease; nothing else does.
+    CheckConstraint(
+        "(status = 'running') = (attempt_token IS NOT NULL AND lease_expires_at IS NOT NULL)",
+        name="running_owner",
+    ),
+)
+
+# I4: at most one active task per (task_type, dedupe_key); terminal rows release the key.
+Index(
+    "uq_tasks_active_dedupe",
+    tasks.c.task_type,
+    tasks.c.dedupe_key,
+    unique=True,
+    postgresql_where=text("status IN ('pending', 'running') AND dedupe_key IS NOT NULL"),
+)
+# Oldest pending first for the publisher, relay and waiting_reason.
+Index(
+    "ix_tasks_pending_created",
+    tasks.c.created_at,
+    tasks.c.id,
+    postgresql_where=text("status = 'pending'"),
+)
+# Capacity counts and the reconciler's expired-lease scan.
+Index(
+    "ix_tasks_running_lease",
+    tasks.c.lease_expires_at,
+    postgresql_where=text("status = 'running'"),
+)
+# Keyset listing (newest first) and prune by age.
+Index("ix_tasks_created_id", tasks.c.created_at, tasks.c.id)
+Index("ix_tasks_status_type", tasks.c.status, tasks.c.task_type)
+Index(
+    "ix_tasks_finished",
+    tasks.c.finished_at,
+    postgresql_where=text("status IN ('success', 'failed', 'cancelled')"),
+)
+
+task_attempts = Table(
+    "task_attempts",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("task_id", UUID(as_uuid=True), ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("token", UUID(as_uuid=True), nullable=False, unique=True),
+    Column("worker", Text, nullable=True),
+    Column("claimed_at", DateTime(timezone=True), nullable=False),
+    # When ownership really ended: the terminal commit, or the lapsed lease for a dead owner.
+    Column("ended_at", DateTime(timezone=True), nullable=True),
+    Column("outcome", Text, nullable=True),
+)
+Index("ix_task_attempts_task", task_attempts.c.task_id, task_attempts.c.attempt)

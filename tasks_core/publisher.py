@@ -1,0 +1,26 @@
+"""Publisher duty (scheduled by beat, run by a worker): re-publish pending intents that have not
+been published recently, oldest first, in bounded batches; fail closed pending tasks whose type or
+version this deployment can no longer run. Safe to run twice at once (SKIP LOCKED)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tasks_core.relay import publish_ids
+from tasks_core.services import Services
+
+
+@dataclass
+class PublishReport:
+    published: int
+    failed_closed: int
+
+
+async def publish_pending(services: Services) -> PublishReport:
+    s = services.settings
+    failed = await services.repo.fail_unrunnable_pending(services.registry, batch=s.publish_batch)
+    ids = await services.repo.claim_for_publish(
+        services.registry, limit=s.publish_batch, republish_after=s.publish_seconds
+    )
+    error = await publish_ids(services, ids, by="publisher")
+    return PublishReport(published=0 if error else len(ids), failed_closed=failed)

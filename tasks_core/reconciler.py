@@ -1,0 +1,34 @@
+"""Reconciler duty: converge expired leases (failed `lease_expired` with the failure hook, or back
+to pending for a retry-safe handler with attempts left), legacy v0 rows and unrunnable versions.
+Every run also refreshes the readiness fact: a worker that can reconcile is a worker that can
+recover tasks."""
+
+from __future__ import annotations
+
+from tasks_core import metrics
+from tasks_core.readiness import write_readiness
+from tasks_core.relay import relay
+from tasks_core.repository import ReconcileReport
+from tasks_core.services import Services
+
+
+def retry_delay(services: Services) -> object:
+    s = services.settings
+
+    def delay(attempt: int) -> float:
+        return float(min(s.retry_backoff_max_seconds, s.retry_backoff_seconds * 2 ** max(0, attempt - 1)))
+
+    return delay
+
+
+async def reconcile(services: Services) -> ReconcileReport:
+    report = await services.repo.reconcile(
+        services.registry, batch=services.settings.reconcile_batch, retry_delay=retry_delay(services)
+    )
+    for kind in ("failed", "retried", "legacy", "unrunnable", "hook_errors"):
+        if getattr(report, kind):
+            metrics.RECONCILED.labels(kind=kind).inc(getattr(report, kind))
+    if report.failed or report.retried or report.legacy or report.unrunnable:
+        await relay(services)  # converged tasks freed slots
+    await write_readiness(services, report)
+    return report

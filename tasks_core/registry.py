@@ -1,0 +1,124 @@
+"""The static task registry: task_type -> handler module path, version, hooks and limits.
+
+Handlers and hooks are named by ``"module:attribute"`` strings and imported only when a task of
+that type runs or converges, so the API and beat never import domain code they do not need.
+``tasks_core`` never imports a domain by name: the spec modules below are strings too.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from tasks_core.model import LEGACY_VERSION
+
+if TYPE_CHECKING:
+    from tasks_core.context import TaskContext
+
+# Each module defines SPECS: a sequence of TaskSpec. Later domains append theirs here.
+DOMAIN_SPEC_MODULES: tuple[str, ...] = ("domains.diagnostics.tasks",)
+
+HookKind = Literal["success", "failure"]
+Handler = Callable[["TaskContext"], Awaitable[Any]]
+
+
+class Hook(Protocol):
+    """Runs inside the terminal transaction; converges the domain rows this task still owns."""
+
+    async def __call__(self, conn: AsyncConnection, task: Mapping[str, Any], status: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    task_type: str
+    handler: str
+    version: int = 1
+    on_success: str | None = None
+    on_failure: str | None = None
+    timeout_seconds: float | None = None
+    # Only handlers whose effects are idempotent and fenced may declare this: they are retried
+    # (with backoff) after a lost lease or a worker shutdown, up to max_attempts in all.
+    retry_safe: bool = False
+    max_attempts: int = 1
+    # Optional per-type cap on running tasks, under the global capacity.
+    concurrency: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.version <= LEGACY_VERSION:
+            raise ValueError(f"{self.task_type}: handler version must be >= 1")
+        if self.timeout_seconds is not None and not (
+            math.isfinite(self.timeout_seconds) and self.timeout_seconds > 0
+        ):
+            raise ValueError(f"{self.task_type}: timeout must be positive and finite")
+        if self.max_attempts < 1 or (self.max_attempts > 1 and not self.retry_safe):
+            raise ValueError(f"{self.task_type}: only retry-safe handlers get more than one attempt")
+
+
+def import_path(path: str) -> Any:
+    module, _, attr = path.partition(":")
+    if not attr:
+        raise ValueError(f"{path!r} is not 'module:attribute'")
+    return getattr(importlib.import_module(module), attr)
+
+
+class Registry:
+    def __init__(self, specs: Iterable[TaskSpec]) -> None:
+        self._specs: dict[str, TaskSpec] = {}
+        for spec in specs:
+            if spec.task_type in self._specs:
+                raise ValueError(f"task type {spec.task_type!r} registered twice")
+            self._specs[spec.task_type] = spec
+        self._imported: dict[str, Any] = {}
+
+    @classmethod
+    def from_modules(cls, modules: Iterable[str]) -> Registry:
+        specs: list[TaskSpec] = []
+        for name in modules:
+            specs.extend(importlib.import_module(name).SPECS)
+        return cls(specs)
+
+    def __contains__(self, task_type: object) -> bool:
+        return task_type in self._specs
+
+    def get(self, task_type: str) -> TaskSpec | None:
+        return self._specs.get(task_type)
+
+    def specs(self) -> list[TaskSpec]:
+        return list(self._specs.values())
+
+    def runnable(self, task_type: str, version: int) -> TaskSpec | None:
+        """The spec that may run a row of this type and version (only the current version runs)."""
+        spec = self._specs.get(task_type)
+        return spec if spec is not None and spec.version == version else None
+
+    def _load(self, path: str) -> Any:
+        if path not in self._imported:
+            self._imported[path] = import_path(path)
+        return self._imported[path]
+
+    def handler(self, spec: TaskSpec) -> Handler:
+        fn: Handler = self._load(spec.handler)
+        return fn
+
+    def hook_for(self, task_type: str, version: int, kind: HookKind) -> Hook | None:
+        """The hook that converges a row of this type and version.
+
+        The current version uses its own hooks; legacy rows (version 0, from the pre-durable
+        release) use the current type's failure hook; any other version has none (fail closed).
+        """
+        spec = self._specs.get(task_type)
+        if spec is None:
+            return None
+        if version == spec.version or (version == LEGACY_VERSION and kind == "failure"):
+            path = spec.on_success if kind == "success" else spec.on_failure
+            return None if path is None else self._load(path)  # type: ignore[no-any-return]
+        return None
+
+
+def default_registry(extra_modules: Iterable[str] = ()) -> Registry:
+    return Registry.from_modules([*DOMAIN_SPEC_MODULES, *extra_modules])

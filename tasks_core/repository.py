@@ -1,0 +1,737 @@
+"""All SQL that touches the task row and its attempts, in one place.
+
+Every time comes from PostgreSQL (``clock_timestamp()``), never from a worker (I7). Tests may pin
+"now" by setting ``TaskRepository.now``; it replaces ``clock_timestamp()`` in every statement.
+
+Fencing: a write by an attempt carries ``attempt_token = :tok AND status = 'running' AND
+lease_expires_at > now``; zero rows means the attempt no longer owns the task (I2).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from tasks_core.model import LEGACY_VERSION, Status
+
+log = logging.getLogger(__name__)
+
+NOW = "coalesce(CAST(:now AS timestamptz), clock_timestamp())"
+OWNED = f"attempt_token = :tok AND status = 'running' AND lease_expires_at > {NOW}"
+# Serializes claimers so the running count they read cannot be stale (I5). Any constant works;
+# this one spells "dtaskcap".
+CAPACITY_LOCK = 0x6474_6173_6B63_6170
+ACTIVE_SQL = "('pending', 'running')"
+TERMINAL_SQL = "('success', 'failed', 'cancelled')"
+
+Row = Mapping[str, Any]
+
+
+class OwnershipLost(Exception):
+    """The attempt's lease lapsed, its token was replaced, or the task is no longer running."""
+
+
+class HookSource(Protocol):
+    def hook_for(self, task_type: str, version: int, kind: Any) -> Any: ...
+
+
+class RunnableSource(HookSource, Protocol):
+    def runnable(self, task_type: str, version: int) -> Any: ...
+
+
+@dataclass(frozen=True)
+class NewTask:
+    task_type: str
+    handler_version: int
+    payload: dict[str, Any]
+    timeout_seconds: float
+    dedupe_key: str | None = None
+    owner: str | None = None
+
+
+@dataclass(frozen=True)
+class Inserted:
+    id: uuid.UUID
+    # Set when an active task already holds the dedupe key: that task's id.
+    duplicate_of: uuid.UUID | None = None
+
+
+@dataclass(frozen=True)
+class Claim:
+    task: Row
+    token: uuid.UUID
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    owned: bool
+    cancel_requested: bool = False
+
+
+@dataclass
+class ReconcileReport:
+    failed: int = 0
+    retried: int = 0
+    legacy: int = 0
+    unrunnable: int = 0
+    hook_errors: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def encode_cursor(created_at: datetime, task_id: uuid.UUID) -> str:
+    raw = f"{created_at.isoformat()}|{task_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        stamp, _, ident = raw.partition("|")
+        created = datetime.fromisoformat(stamp)
+        if created.tzinfo is None:
+            raise ValueError("naive timestamp")
+        return created, uuid.UUID(ident)
+    except (ValueError, UnicodeDecodeError, binascii.Error) as exc:
+        raise ValueError("malformed cursor") from exc
+
+
+class TaskRepository:
+    def __init__(self, engine: AsyncEngine, *, now: datetime | None = None) -> None:
+        self.engine = engine
+        self.now = now
+
+    def _p(self, **params: Any) -> dict[str, Any]:
+        return {"now": self.now, **params}
+
+    # ---------------------------------------------------------------- submit
+
+    async def insert(self, conn: AsyncConnection, new: NewTask) -> Inserted:
+        """Insert a pending task in the caller's transaction (domain rows may share it)."""
+        for _ in range(5):
+            task_id = uuid.uuid4()
+            inserted = (
+                await conn.execute(
+                    text(
+                        f"""INSERT INTO tasks (id, task_type, handler_version, payload, owner, status,
+                               dedupe_key, timeout_seconds, created_at)
+                        VALUES (:id, :tt, :hv, CAST(:payload AS jsonb), :owner, 'pending', :dk, :timeout,
+                                {NOW})
+                        ON CONFLICT (task_type, dedupe_key)
+                            WHERE status IN {ACTIVE_SQL} AND dedupe_key IS NOT NULL
+                        DO NOTHING RETURNING id"""
+                    ),
+                    self._p(
+                        id=task_id, tt=new.task_type, hv=new.handler_version,
+                        payload=json.dumps(new.payload), owner=new.owner, dk=new.dedupe_key,
+                        timeout=new.timeout_seconds,
+                    ),
+                )
+            ).scalar()
+            if inserted is not None:
+                return Inserted(id=inserted)
+            holder = (
+                await conn.execute(
+                    text(
+                        f"""SELECT id FROM tasks WHERE task_type = :tt AND dedupe_key = :dk
+                        AND status IN {ACTIVE_SQL}"""
+                    ),
+                    {"tt": new.task_type, "dk": new.dedupe_key},
+                )
+            ).scalar()
+            if holder is not None:
+                return Inserted(id=holder, duplicate_of=holder)
+            # The holder finished between our insert and our look-up: the key is free again.
+        raise RuntimeError("dedupe key kept changing hands; giving up")
+
+    async def mark_published(self, ids: Sequence[uuid.UUID]) -> None:
+        if ids:
+            async with self.engine.begin() as conn:
+                await conn.execute(
+                    text(
+                        f"""UPDATE tasks SET last_published_at = {NOW}, publish_error = NULL
+                        WHERE id = ANY(:ids) AND status = 'pending'"""
+                    ),
+                    self._p(ids=list(ids)),
+                )
+
+    async def mark_publish_failed(self, ids: Sequence[uuid.UUID], error: str) -> None:
+        if ids:
+            async with self.engine.begin() as conn:
+                await conn.execute(
+                    text("UPDATE tasks SET publish_error = :err WHERE id = ANY(:ids) AND status = 'pending'"),
+                    {"ids": list(ids), "err": error[:500]},
+                )
+
+    # ---------------------------------------------------------------- claim
+
+    async def claim(
+        self,
+        task_id: uuid.UUID,
+        registry: RunnableSource,
+        *,
+        capacity: int,
+        lease_seconds: float,
+        worker: str | None = None,
+    ) -> Claim | str:
+        """Atomically move a pending task to running under a fresh token; else the refusal reason."""
+        async with self.engine.begin() as conn:
+            row = (
+                await conn.execute(
+                    text("SELECT task_type, handler_version, status FROM tasks WHERE id = :id"),
+                    {"id": task_id},
+                )
+            ).mappings().first()
+            if row is None:
+                return "unknown_task"
+            if row["status"] != Status.PENDING:
+                return f"not_pending:{row['status']}"
+            spec = registry.runnable(row["task_type"], row["handler_version"])
+            if spec is None:
+                return "not_runnable"
+            type_cap = spec.concurrency
+            # A separate statement: it must take its snapshot *after* the lock is granted.
+            await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CAPACITY_LOCK})
+            token = uuid.uuid4()
+            claimed = (
+                await conn.execute(
+                    text(
+                        f"""UPDATE tasks SET status = 'running', attempt_token = :tok,
+                               attempt_count = attempt_count + 1,
+                               lease_expires_at = {NOW} + make_interval(secs => :lease),
+                               heartbeat_at = {NOW}, started_at = coalesce(started_at, {NOW}),
+                               not_before = NULL
+                        WHERE id = :id AND status = 'pending' AND cancel_requested_at IS NULL
+                          AND (not_before IS NULL OR not_before <= {NOW})
+                          AND task_type = :tt AND handler_version = :hv
+                          AND (SELECT count(*) FROM tasks WHERE status = 'running') < :cap
+                          AND (CAST(:tcap AS int) IS NULL OR (SELECT count(*) FROM tasks
+                               WHERE status = 'running' AND task_type = :tt) < CAST(:tcap AS int))
+                        RETURNING *"""
+                    ),
+                    self._p(
+                        id=task_id, tok=token, lease=lease_seconds, tt=row["task_type"],
+                        hv=row["handler_version"], cap=capacity, tcap=type_cap,
+                    ),
+                )
+            ).mappings().first()
+            if claimed is None:
+                return await self._refusal(conn, task_id)
+            await conn.execute(
+                text(
+                    """INSERT INTO task_attempts (task_id, attempt, token, worker, claimed_at)
+                    VALUES (:id, :n, :tok, :worker, :at)"""
+                ),
+                {"id": task_id, "n": claimed["attempt_count"], "tok": token, "worker": worker,
+                 "at": claimed["heartbeat_at"]},
+            )
+            return Claim(task=dict(claimed), token=token, attempt=claimed["attempt_count"])
+
+    async def _refusal(self, conn: AsyncConnection, task_id: uuid.UUID) -> str:
+        row = (
+            await conn.execute(
+                text(
+                    f"""SELECT status, cancel_requested_at IS NOT NULL AS cancel,
+                           not_before > {NOW} AS backoff FROM tasks WHERE id = :id"""
+                ),
+                self._p(id=task_id),
+            )
+        ).mappings().first()
+        if row is None:
+            return "unknown_task"
+        if row["status"] != Status.PENDING:
+            return f"not_pending:{row['status']}"
+        if row["cancel"]:
+            return "cancel_requested"
+        if row["backoff"]:
+            return "backoff"
+        return "capacity_full"
+
+    # ---------------------------------------------------------------- owner writes
+
+    async def heartbeat(self, task_id: uuid.UUID, token: uuid.UUID, lease_seconds: float) -> Heartbeat:
+        async with self.engine.begin() as conn:
+            row = (
+                await conn.execute(
+                    text(
+                        f"""UPDATE tasks SET lease_expires_at = {NOW} + make_interval(secs => :lease),
+                               heartbeat_at = {NOW}
+                        WHERE id = :id AND {OWNED} RETURNING cancel_requested_at IS NOT NULL"""
+                    ),
+                    self._p(id=task_id, tok=token, lease=lease_seconds),
+                )
+            ).first()
+        return Heartbeat(owned=False) if row is None else Heartbeat(owned=True, cancel_requested=row[0])
+
+    async def report(
+        self, task_id: uuid.UUID, token: uuid.UUID, progress: float | None, message: str | None
+    ) -> bool:
+        async with self.engine.begin() as conn:
+            result = await conn.execute(
+                text(
+                    f"""UPDATE tasks SET progress = coalesce(CAST(:progress AS float8), progress),
+                           message = coalesce(CAST(:message AS text), message)
+                    WHERE id = :id AND {OWNED}"""
+                ),
+                self._p(id=task_id, tok=token, progress=progress, message=message),
+            )
+        return bool(result.rowcount)
+
+    @asynccontextmanager
+    async def owning_transaction(
+        self, task_id: uuid.UUID, token: uuid.UUID
+    ) -> AsyncIterator[tuple[AsyncConnection, Row]]:
+        """Lock the task row as its live owner, let the caller write, re-check the lease, commit.
+
+        A lapse while the caller ran or waited for a lock raises OwnershipLost and rolls back
+        everything written in the block.
+        """
+        async with self.engine.connect() as conn, conn.begin():
+            row = (
+                await conn.execute(
+                    text(f"SELECT * FROM tasks WHERE id = :id AND {OWNED} FOR UPDATE"),
+                    self._p(id=task_id, tok=token),
+                )
+            ).mappings().first()
+            if row is None:
+                raise OwnershipLost(str(task_id))
+            yield conn, row
+            # The row lock kept everyone else off the lease, so the value we locked still holds;
+            # the block itself may have ended the lease (a terminal write clears it).
+            still = (
+                await conn.execute(
+                    text(f"SELECT CAST(:lease AS timestamptz) > {NOW}"),
+                    self._p(lease=row["lease_expires_at"]),
+                )
+            ).scalar()
+            if not still:
+                raise OwnershipLost(f"{task_id}: lease lapsed before commit")
+
+    async def finish(
+        self,
+        task_id: uuid.UUID,
+        token: uuid.UUID,
+        hooks: HookSource | None,
+        *,
+        status: Status,
+        result: Any = None,
+        error: dict[str, str] | None = None,
+    ) -> Status:
+        """The owner's terminal transaction: status, hook, dedupe release, attempt record.
+
+        Cancel intent beats a concurrent success. Raises OwnershipLost (nothing written) if the
+        attempt no longer owns the task; a hook's exception rolls everything back and propagates.
+        """
+        async with self.owning_transaction(task_id, token) as (conn, row):
+            if status == Status.SUCCESS and row["cancel_requested_at"] is not None:
+                status, result = Status.CANCELLED, None
+                error = {"code": "cancelled", "message": "cancel requested"}
+            await self._terminal(conn, row, status, result=result, error=error, outcome=status.value)
+            if hooks is not None:
+                await self._run_hook(conn, hooks, row, status)
+        return status
+
+    async def release(self, task_id: uuid.UUID, token: uuid.UUID, *, outcome: str, delay: float) -> bool:
+        """Hand a retry-safe task back to pending (worker shutdown); False if no longer owned."""
+        try:
+            async with self.owning_transaction(task_id, token) as (conn, row):
+                await self._to_pending(conn, row, outcome=outcome, delay=delay)
+        except OwnershipLost:
+            return False
+        return True
+
+    # ---------------------------------------------------------------- convergence helpers
+
+    async def _terminal(
+        self,
+        conn: AsyncConnection,
+        row: Row,
+        status: Status,
+        *,
+        result: Any = None,
+        error: dict[str, str] | None = None,
+        outcome: str,
+    ) -> None:
+        # A dead owner's attempt ended when its lease lapsed, not when we noticed.
+        await conn.execute(
+            text(
+                f"""UPDATE task_attempts SET ended_at = least({NOW}, :lease), outcome = :outcome
+                WHERE token = :tok AND ended_at IS NULL"""
+            ),
+            self._p(tok=row["attempt_token"], lease=row["lease_expires_at"], outcome=outcome),
+        )
+        await conn.execute(
+            text(
+                f"""UPDATE tasks SET status = :status, finished_at = {NOW}, attempt_token = NULL,
+                       lease_expires_at = NULL, result = CAST(:result AS jsonb),
+                       error = CAST(:error AS jsonb),
+                       progress = CASE WHEN :status = 'success' THEN 100 ELSE progress END
+                WHERE id = :id"""
+            ),
+            self._p(
+                id=row["id"], status=status.value,
+                result=None if result is None else json.dumps(result),
+                error=None if error is None else json.dumps(error),
+            ),
+        )
+
+    async def _to_pending(self, conn: AsyncConnection, row: Row, *, outcome: str, delay: float) -> None:
+        await conn.execute(
+            text(
+                f"""UPDATE task_attempts SET ended_at = least({NOW}, :lease), outcome = :outcome
+                WHERE token = :tok AND ended_at IS NULL"""
+            ),
+            self._p(tok=row["attempt_token"], lease=row["lease_expires_at"], outcome=outcome),
+        )
+        await conn.execute(
+            text(
+                f"""UPDATE tasks SET status = 'pending', attempt_token = NULL, lease_expires_at = NULL,
+                       not_before = {NOW} + make_interval(secs => :delay), last_published_at = NULL
+                WHERE id = :id"""
+            ),
+            self._p(id=row["id"], delay=delay),
+        )
+
+    async def _run_hook(self, conn: AsyncConnection, hooks: HookSource, row: Row, status: Status) -> None:
+        kind = "success" if status == Status.SUCCESS else "failure"
+        hook = hooks.hook_for(row["task_type"], row["handler_version"], kind)
+        if hook is not None:
+            await hook(conn, row, status.value)
+
+    async def _converge(
+        self, conn: AsyncConnection, row: Row, status: Status, error: dict[str, str], hooks: HookSource | None
+    ) -> bool:
+        """Terminal transition by someone other than the owner; False if the hook failed.
+
+        A failing hook is rolled back to a savepoint and the task still ends, without it, so one
+        broken hook cannot keep a task (or the batch behind it) from converging.
+        """
+        await self._terminal(conn, row, status, error=error, outcome=error["code"])
+        if hooks is None:
+            return True
+        try:
+            async with conn.begin_nested():
+                await self._run_hook(conn, hooks, row, status)
+        except Exception as exc:  # a domain hook may raise anything
+            log.exception("failure hook of task %s (%s) raised", row["id"], row["task_type"])
+            await conn.execute(
+                text("UPDATE tasks SET error = CAST(:error AS jsonb) WHERE id = :id"),
+                {"id": row["id"], "error": json.dumps(
+                    {**error, "message": f"{error['message']}; failure hook raised: {exc!r}"[:1000]}
+                )},
+            )
+            return False
+        return True
+
+    # ---------------------------------------------------------------- cancel, delete, prune
+
+    async def request_cancel(self, task_id: uuid.UUID, hooks: HookSource | None) -> str | None:
+        """Cancel a task: 'cancelled' (pending, at once, with its failure hook), 'requested'
+        (running: the owner stops at its next heartbeat or control point), 'terminal', or None."""
+        async with self.engine.begin() as conn:
+            row = (
+                await conn.execute(
+                    text("SELECT * FROM tasks WHERE id = :id FOR UPDATE"), {"id": task_id}
+                )
+            ).mappings().first()
+            if row is None:
+                return None
+            if row["status"] == Status.PENDING:
+                await self._converge(
+                    conn, row, Status.CANCELLED, {"code": "cancelled", "message": "cancelled before start"},
+                    hooks,
+                )
+                await conn.execute(
+                    text(f"UPDATE tasks SET cancel_requested_at = {NOW} WHERE id = :id"), self._p(id=task_id)
+                )
+                return "cancelled"
+            if row["status"] == Status.RUNNING:
+                await conn.execute(
+                    text(
+                        f"""UPDATE tasks SET cancel_requested_at = coalesce(cancel_requested_at, {NOW})
+                        WHERE id = :id"""
+                    ),
+                    self._p(id=task_id),
+                )
+                return "requested"
+            return "terminal"
+
+    async def delete(self, task_id: uuid.UUID) -> str | None:
+        """Delete a terminal task: 'deleted', 'active' (refused), or None for an unknown id."""
+        async with self.engine.begin() as conn:
+            status = (
+                await conn.execute(text("SELECT status FROM tasks WHERE id = :id FOR UPDATE"), {"id": task_id})
+            ).scalar()
+            if status is None:
+                return None
+            if status not in (Status.SUCCESS, Status.FAILED, Status.CANCELLED):
+                return "active"
+            await conn.execute(text("DELETE FROM tasks WHERE id = :id"), {"id": task_id})
+            return "deleted"
+
+    async def prune(self, older_than_seconds: float, batch: int = 5000) -> int:
+        """Delete terminal tasks finished longer ago than the given age, in bounded batches."""
+        total = 0
+        while True:
+            async with self.engine.begin() as conn:
+                n = (
+                    await conn.execute(
+                        text(
+                            f"""DELETE FROM tasks WHERE id IN (
+                                SELECT id FROM tasks WHERE status IN {TERMINAL_SQL}
+                                  AND finished_at < {NOW} - make_interval(secs => :age)
+                                LIMIT :batch FOR UPDATE SKIP LOCKED)"""
+                        ),
+                        self._p(age=older_than_seconds, batch=batch),
+                    )
+                ).rowcount
+            total += n
+            if n < batch:
+                return total
+
+    # ---------------------------------------------------------------- maintenance duties
+
+    async def reconcile(self, registry: RunnableSource, *, batch: int, retry_delay: Any) -> ReconcileReport:
+        """Converge expired leases, legacy (v0) rows and expired rows nobody can run.
+
+        One transaction per task; rows locked elsewhere are skipped (SKIP LOCKED) so two
+        reconcilers never fight; a task whose convergence fails is skipped for the rest of the run.
+        """
+        report = ReconcileReport()
+        skip: list[uuid.UUID] = []
+        for _ in range(batch):
+            async with self.engine.begin() as conn:
+                row = (
+                    await conn.execute(
+                        text(
+                            f"""SELECT * FROM tasks
+                            WHERE NOT (id = ANY(:skip)) AND (
+                                (status = 'running' AND lease_expires_at <= {NOW})
+                                OR (status IN {ACTIVE_SQL} AND handler_version = {LEGACY_VERSION}))
+                            ORDER BY lease_expires_at NULLS FIRST LIMIT 1 FOR UPDATE SKIP LOCKED"""
+                        ),
+                        self._p(skip=skip),
+                    )
+                ).mappings().first()
+                if row is None:
+                    break
+                try:
+                    async with conn.begin_nested():
+                        await self._reconcile_one(conn, row, registry, report, retry_delay)
+                except Exception as exc:  # one bad task never blocks the rest
+                    log.exception("reconciling task %s failed", row["id"])
+                    report.errors.append(f"{row['id']}: {exc!r}")
+                    skip.append(row["id"])
+        return report
+
+    async def _reconcile_one(
+        self, conn: AsyncConnection, row: Row, registry: RunnableSource, report: ReconcileReport,
+        retry_delay: Any,
+    ) -> None:
+        version = row["handler_version"]
+        if version == LEGACY_VERSION:
+            ok = await self._converge(
+                conn, row, Status.FAILED,
+                {"code": "legacy_task", "message": "started before the durable runtime; resume explicitly"},
+                registry,
+            )
+            report.legacy += 1
+        else:
+            spec = registry.runnable(row["task_type"], version)
+            if spec is None:
+                ok = await self._converge(
+                    conn, row, Status.FAILED,
+                    {"code": "handler_unavailable",
+                     "message": f"no handler for {row['task_type']} version {version}"},
+                    None,
+                )
+                report.unrunnable += 1
+            elif spec.retry_safe and row["attempt_count"] < spec.max_attempts and not row["cancel_requested_at"]:
+                await self._to_pending(conn, row, outcome="lease_expired", delay=retry_delay(row["attempt_count"]))
+                report.retried += 1
+                return
+            else:
+                status = Status.CANCELLED if row["cancel_requested_at"] else Status.FAILED
+                ok = await self._converge(
+                    conn, row, status,
+                    {"code": "lease_expired", "message": "the owner stopped renewing its lease"},
+                    registry,
+                )
+                report.failed += 1
+        if not ok:
+            report.hook_errors += 1
+
+    async def fail_unrunnable_pending(self, registry: RunnableSource, *, batch: int) -> int:
+        """Fail closed pending (non-legacy) tasks whose type or version this deployment cannot run."""
+        pairs = [(s.task_type, s.version) for s in registry.specs()]  # type: ignore[attr-defined]
+        n = 0
+        async with self.engine.begin() as conn:
+            rows = (
+                await conn.execute(
+                    text(
+                        f"""SELECT * FROM tasks WHERE status = 'pending' AND handler_version <> {LEGACY_VERSION}
+                          AND (task_type, handler_version) NOT IN (
+                              SELECT * FROM unnest(CAST(:types AS text[]), CAST(:versions AS int[])))
+                        LIMIT :batch FOR UPDATE SKIP LOCKED"""
+                    ),
+                    {"types": [p[0] for p in pairs], "versions": [p[1] for p in pairs], "batch": batch},
+                )
+            ).mappings().all()
+            for row in rows:
+                await self._converge(
+                    conn, row, Status.FAILED,
+                    {"code": "handler_unavailable",
+                     "message": f"no handler for {row['task_type']} version {row['handler_version']}"},
+                    None,
+                )
+                n += 1
+        return n
+
+    async def claim_for_publish(
+        self, registry: RunnableSource, *, limit: int, republish_after: float | None
+    ) -> list[uuid.UUID]:
+        """Oldest runnable pending tasks due for (re)publication; stamps them as published.
+
+        ``republish_after`` None selects regardless of the last publication (the relay, which
+        runs when a slot frees and must not wait out the publisher interval).
+        """
+        pairs = [(s.task_type, s.version) for s in registry.specs()]  # type: ignore[attr-defined]
+        async with self.engine.begin() as conn:
+            ids = (
+                await conn.execute(
+                    text(
+                        f"""WITH due AS (
+                            SELECT id FROM tasks
+                            WHERE status = 'pending' AND cancel_requested_at IS NULL
+                              AND (not_before IS NULL OR not_before <= {NOW})
+                              AND (CAST(:after AS float8) IS NULL OR last_published_at IS NULL
+                                   OR last_published_at < {NOW} - make_interval(secs => :after))
+                              AND (task_type, handler_version) IN (
+                                  SELECT * FROM unnest(CAST(:types AS text[]), CAST(:versions AS int[])))
+                            ORDER BY created_at, id LIMIT :limit FOR UPDATE SKIP LOCKED)
+                        UPDATE tasks t SET last_published_at = {NOW}, publish_error = NULL FROM due WHERE t.id = due.id
+                        RETURNING t.id, t.created_at"""
+                    ),
+                    self._p(after=republish_after, limit=limit,
+                            types=[p[0] for p in pairs], versions=[p[1] for p in pairs]),
+                )
+            ).all()
+        return [r[0] for r in sorted(ids, key=lambda r: (r[1], r[0]))]
+
+    async def free_slots(self, capacity: int) -> int:
+        async with self.engine.connect() as conn:
+            running = (await conn.execute(text("SELECT count(*) FROM tasks WHERE status = 'running'"))).scalar()
+        return max(0, capacity - int(running or 0))
+
+    # ---------------------------------------------------------------- reads
+
+    async def get(self, task_id: uuid.UUID) -> Row | None:
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(text("SELECT * FROM tasks WHERE id = :id"), {"id": task_id})
+            ).mappings().first()
+        return None if row is None else dict(row)
+
+    async def waiting_reason(self, row: Row, capacity: int) -> str | None:
+        """Why a pending task is not running yet, in words a user can act on."""
+        if row["status"] != Status.PENDING:
+            return None
+        if row["cancel_requested_at"] is not None:
+            return "cancel requested"
+        if row["publish_error"]:
+            return f"publish failed: {row['publish_error']}"
+        if row["last_published_at"] is None:
+            return "not yet published"
+        async with self.engine.connect() as conn:
+            facts = (
+                await conn.execute(
+                    text(
+                        f"""SELECT CAST(:nb AS timestamptz) > {NOW} AS backoff,
+                          (SELECT count(*) FROM tasks WHERE status = 'running') AS running,
+                          (SELECT count(*) FROM tasks WHERE status = 'pending'
+                             AND (created_at, id) < (CAST(:created AS timestamptz), CAST(:id AS uuid))) AS ahead"""
+                    ),
+                    self._p(nb=row["not_before"], created=row["created_at"], id=row["id"]),
+                )
+            ).mappings().one()
+        if facts["backoff"]:
+            return f"retry backoff until {row['not_before'].isoformat()}"
+        if facts["running"] >= capacity:
+            ahead = f", behind {facts['ahead']} older tasks" if facts["ahead"] else ""
+            return f"capacity full ({facts['running']} of {capacity} running){ahead}"
+        if facts["ahead"]:
+            return f"behind {facts['ahead']} older pending tasks"
+        return "waiting for a worker"
+
+    async def summary(self) -> dict[str, Any]:
+        async with self.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    text("SELECT task_type, status, count(*) FROM tasks GROUP BY task_type, status")
+                )
+            ).all()
+        by_status: dict[str, int] = {s.value: 0 for s in Status}
+        by_type: dict[str, dict[str, int]] = {}
+        for task_type, status, count in rows:
+            by_status[status] += count
+            by_type.setdefault(task_type, {})[status] = count
+        return {"total": sum(by_status.values()), "by_status": by_status, "by_type": by_type}
+
+    async def list(
+        self,
+        *,
+        status: str | None = None,
+        task_type: str | None = None,
+        owner: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> tuple[list[Row], str | None]:
+        """Newest first, keyset-paged on (created_at, id): cost does not grow with the page number."""
+        after = decode_cursor(cursor) if cursor else (None, None)
+        async with self.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    text(
+                        """SELECT * FROM tasks
+                        WHERE (CAST(:status AS text) IS NULL OR status = :status)
+                          AND (CAST(:tt AS text) IS NULL OR task_type = :tt)
+                          AND (CAST(:owner AS text) IS NULL OR owner = :owner)
+                          AND (CAST(:c_at AS timestamptz) IS NULL
+                               OR (created_at, id) < (CAST(:c_at AS timestamptz), CAST(:c_id AS uuid)))
+                        ORDER BY created_at DESC, id DESC LIMIT :limit"""
+                    ),
+                    {"status": status, "tt": task_type, "owner": owner, "c_at": after[0],
+                     "c_id": after[1], "limit": limit + 1},
+                )
+            ).mappings().all()
+        items = [dict(r) for r in rows[:limit]]
+        nxt = encode_cursor(items[-1]["created_at"], items[-1]["id"]) if len(rows) > limit else None
+        return items, nxt
+
+    async def attempts(self, task_id: uuid.UUID) -> list[Row]:
+        async with self.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    text("SELECT * FROM task_attempts WHERE task_id = :id ORDER BY attempt"), {"id": task_id}
+                )
+            ).mappings().all()
+        return [dict(r) for r in rows]
+
+    async def schema_revision(self) -> str | None:
+        try:
+            async with self.engine.connect() as conn:
+                return (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
+        except DBAPIError:
+            return None

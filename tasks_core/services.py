@@ -1,0 +1,69 @@
+"""The per-process bundle every duty and the runtime use: engine, repository, registry, transport."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import redis.asyncio as aioredis
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tasks_core.db import make_engine
+from tasks_core.registry import Registry, default_registry
+from tasks_core.repository import TaskRepository
+from tasks_core.settings import Settings
+
+
+class Transport(Protocol):
+    """Carries task ids to workers. Raises on failure; the pending row stays the truth."""
+
+    async def publish(self, task_ids: list[str]) -> None: ...
+
+
+@dataclass
+class Services:
+    settings: Settings
+    engine: AsyncEngine
+    repo: TaskRepository
+    registry: Registry
+    transport: Transport
+    worker_name: str = field(default_factory=socket.gethostname)
+    _redis: aioredis.Redis | None = None
+
+    @property
+    def redis(self) -> aioredis.Redis:
+        if self._redis is None:
+            url = self.settings.redis_url or self.settings.require_broker()
+            self._redis = aioredis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        return self._redis
+
+    async def close(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
+        await self.engine.dispose()
+
+
+def build_services(
+    settings: Settings,
+    transport: Transport | None = None,
+    *,
+    registry: Registry | None = None,
+    pool_size: int = 5,
+    extra: dict[str, Any] | None = None,
+) -> Services:
+    from tasks_core.transport import CeleryTransport  # imports Celery; keep out of light paths
+
+    engine = make_engine(settings.require_database(), pool_size=pool_size)
+    return Services(
+        settings=settings,
+        engine=engine,
+        repo=TaskRepository(engine),
+        registry=registry or default_registry(_extra_modules(settings)),
+        transport=transport or CeleryTransport(),
+        **(extra or {}),
+    )
+
+
+def _extra_modules(settings: Settings) -> list[str]:
+    return [m.strip() for m in settings.extra_task_modules.split(",") if m.strip()]

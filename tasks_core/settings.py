@@ -1,0 +1,109 @@
+"""Configuration from the environment (prefix ``DTASK_``) or a ``.env`` file.
+
+Each trade-off is written next to its setting.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DTASK_", env_file=".env", extra="ignore")
+
+    # Unset means "not configured": `dtask dev` then starts embedded servers; every other
+    # command refuses to start rather than guess where the data lives.
+    database_url: str | None = None
+    broker_url: str | None = None
+    # Readiness facts live here; defaults to the broker.
+    redis_url: str | None = None
+
+    milvus_uri: str | None = None
+    minio_endpoint: str | None = None
+    minio_access_key: str | None = None
+    minio_secret_key: str | None = None
+    minio_secure: bool = False
+
+    # Lease: how long an owner may stay silent before another worker may recover its task.
+    # Shorter recovers faster after a crash; longer tolerates longer GC/IO stalls and costs fewer
+    # heartbeats. The heartbeat renews every lease/3, so two renewals may fail before it lapses.
+    lease_seconds: float = Field(default=30.0, gt=0)
+    # Beat intervals. Reconcile bounds recovery time (I3: lease + reconcile interval).
+    reconcile_seconds: float = Field(default=10.0, gt=0)
+    # Publish bounds how long a lost or dropped message can delay a pending task.
+    publish_seconds: float = Field(default=15.0, gt=0)
+    # Upper bound for any task's timeout; may exceed 24 h (design §8).
+    max_timeout_seconds: float = Field(default=172800.0, gt=0)
+    # Default timeout of a type that does not declare one.
+    default_timeout_seconds: float = Field(default=3600.0, gt=0)
+    # Durable tasks running at once, cluster-wide, enforced in PostgreSQL (I5).
+    capacity: int = Field(default=4, ge=1)
+    # On worker shutdown, running handlers get this long to finish before they are stopped.
+    shutdown_grace_seconds: float = Field(default=10.0, ge=0)
+    # Progress is persisted only when it moved at least this much (a new message always is).
+    progress_delta: float = Field(default=1.0, ge=0)
+    # Batch sizes keep each duty run short and bounded.
+    publish_batch: int = Field(default=500, ge=1)
+    reconcile_batch: int = Field(default=100, ge=1)
+    # Readiness fact time-to-live; several reconcile intervals so one slow run is not an outage.
+    readiness_ttl_seconds: float | None = None
+    # Backoff before a retry-safe task becomes claimable again: base * 2**(attempt-1), capped.
+    retry_backoff_seconds: float = Field(default=5.0, ge=0)
+    retry_backoff_max_seconds: float = Field(default=300.0, ge=0)
+    # Worker processes per `dtask worker`; None = capacity + 2, so duties always find a free child.
+    worker_concurrency: int | None = None
+    max_payload_bytes: int = Field(default=1024 * 1024, ge=1)
+    max_dedupe_key_length: int = Field(default=200, ge=1)
+
+    # Comma-separated extra spec modules (each defines SPECS), for task types outside this repo.
+    extra_task_modules: str = ""
+    # Beat prunes terminal tasks older than this; None keeps them until `dtask prune`.
+    prune_after_seconds: float | None = None
+
+    api_keys: str = ""
+    flower_basic_auth: str | None = None
+    # Where `dtask dev` keeps its embedded data.
+    dev_dir: str = ".dtask"
+
+    @field_validator("lease_seconds", "reconcile_seconds", "publish_seconds", "max_timeout_seconds")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be finite")
+        return value
+
+    @model_validator(mode="after")
+    def _defaults(self) -> Settings:
+        if self.redis_url is None:
+            self.redis_url = self.broker_url
+        if self.readiness_ttl_seconds is None:
+            self.readiness_ttl_seconds = max(3 * self.reconcile_seconds, 15.0)
+        return self
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        return self.lease_seconds / 3
+
+    @property
+    def concurrency(self) -> int:
+        return self.worker_concurrency or self.capacity + 2
+
+    def require_database(self) -> str:
+        if not self.database_url:
+            raise SystemExit("DTASK_DATABASE_URL is not set (postgresql+asyncpg://user@host/db); "
+                             "`dtask dev` starts embedded servers when it is unset.")
+        return self.database_url
+
+    def require_broker(self) -> str:
+        if not self.broker_url:
+            raise SystemExit("DTASK_BROKER_URL is not set (redis://host:6379/0).")
+        return self.broker_url
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,152 @@
+"""The submission API: validate intents, commit them, and only then publish their ids.
+
+A publish failure leaves the pending intent (the publisher re-sends it) and is reported in the
+result, never raised as a lost task. Domains that create their own rows with a task use
+``Submitter.transaction()`` so both commit together.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from tasks_core.registry import Registry
+from tasks_core.relay import publish_ids
+from tasks_core.repository import NewTask
+from tasks_core.services import Services
+
+MAX_BATCH = 1000
+
+
+class InvalidTask(ValueError):
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+        self.message = message
+
+
+@dataclass(frozen=True)
+class TaskIntent:
+    task_type: Any
+    payload: Any = field(default_factory=dict)
+    handler_version: Any = None
+    dedupe_key: Any = None
+    timeout_seconds: Any = None
+
+
+@dataclass
+class Submitted:
+    task_id: uuid.UUID
+    # The active task that already holds the dedupe key; nothing new was stored.
+    duplicate_of: uuid.UUID | None = None
+    published: bool = False
+    publish_error: str | None = None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def validate(intent: TaskIntent, registry: Registry, services_settings: Any, owner: str | None) -> NewTask:
+    s = services_settings
+    if not isinstance(intent.task_type, str) or not intent.task_type:
+        raise InvalidTask("task_type", "must be a non-empty string")
+    spec = registry.get(intent.task_type)
+    if spec is None:
+        raise InvalidTask("task_type", f"unknown task type {intent.task_type!r}")
+    version = intent.handler_version
+    if version is None:
+        version = spec.version
+    elif not isinstance(version, int) or isinstance(version, bool) or version != spec.version:
+        raise InvalidTask("handler_version", f"{intent.task_type} runs version {spec.version} only, not {version!r}")
+    if not isinstance(intent.payload, dict):
+        raise InvalidTask("payload", "must be a JSON object")
+    try:
+        size = len(json.dumps(intent.payload, allow_nan=False).encode())
+    except (TypeError, ValueError) as exc:
+        raise InvalidTask("payload", f"not JSON-serializable: {exc}") from exc
+    if size > s.max_payload_bytes:
+        raise InvalidTask("payload", f"{size} bytes is over the {s.max_payload_bytes}-byte limit")
+    timeout = intent.timeout_seconds
+    if timeout is None:
+        timeout = min(spec.timeout_seconds or s.default_timeout_seconds, s.max_timeout_seconds)
+    elif not _is_number(timeout) or not math.isfinite(timeout) or timeout <= 0:
+        raise InvalidTask("timeout_seconds", "must be a positive, finite number of seconds")
+    elif timeout > s.max_timeout_seconds:
+        raise InvalidTask("timeout_seconds", f"must be at most {s.max_timeout_seconds:g} s")
+    key = intent.dedupe_key
+    if key is not None and (not isinstance(key, str) or not key or len(key) > s.max_dedupe_key_length):
+        raise InvalidTask("dedupe_key", f"must be a string of 1-{s.max_dedupe_key_length} characters")
+    return NewTask(
+        task_type=intent.task_type, handler_version=version, payload=intent.payload,
+        timeout_seconds=float(timeout), dedupe_key=key, owner=owner,
+    )
+
+
+class SubmitTransaction:
+    """Intents added here commit with the caller's domain writes on ``conn``."""
+
+    def __init__(self, submitter: Submitter, conn: AsyncConnection, owner: str | None) -> None:
+        self.submitter = submitter
+        self.conn = conn
+        self.owner = owner
+        self.results: list[Submitted] = []
+
+    async def add(self, intent: TaskIntent) -> Submitted:
+        new = validate(intent, self.submitter.services.registry, self.submitter.services.settings, self.owner)
+        inserted = await self.submitter.services.repo.insert(self.conn, new)
+        result = Submitted(task_id=inserted.id, duplicate_of=inserted.duplicate_of)
+        self.results.append(result)
+        return result
+
+
+class Submitter:
+    def __init__(self, services: Services) -> None:
+        self.services = services
+
+    @asynccontextmanager
+    async def transaction(self, owner: str | None = None) -> AsyncIterator[SubmitTransaction]:
+        async with self.services.engine.connect() as conn:
+            async with conn.begin():
+                tx = SubmitTransaction(self, conn, owner)
+                yield tx
+            # Committed: now, and only now, the ids may travel.
+            await self._publish([r for r in tx.results if r.duplicate_of is None])
+
+    async def submit(self, intent: TaskIntent, owner: str | None = None) -> Submitted:
+        async with self.transaction(owner) as tx:
+            result = await tx.add(intent)
+        return result
+
+    async def submit_many(
+        self, intents: Sequence[TaskIntent], owner: str | None = None
+    ) -> list[Submitted | InvalidTask]:
+        """Validate each entry; the valid ones commit in one transaction and publish in one pass."""
+        if len(intents) > MAX_BATCH:
+            raise InvalidTask("tasks", f"at most {MAX_BATCH} tasks per batch")
+        outcomes: list[Submitted | InvalidTask] = []
+        async with self.transaction(owner) as tx:
+            for intent in intents:
+                try:
+                    outcomes.append(await tx.add(intent))
+                except InvalidTask as exc:
+                    outcomes.append(exc)
+        return outcomes
+
+    async def _publish(self, results: list[Submitted]) -> None:
+        if not results:
+            return
+        ids = [r.task_id for r in results]
+        error = await publish_ids(self.services, ids, by="submit")
+        if error is None:
+            await self.services.repo.mark_published(ids)
+        for r in results:
+            r.published = error is None
+            r.publish_error = error

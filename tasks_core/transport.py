@@ -1,0 +1,36 @@
+"""Publishing task ids through Celery: the only thing the broker ever carries."""
+
+from __future__ import annotations
+
+import asyncio
+
+from celery import Celery
+
+RUN_TASK = "dtask.run"
+DURABLE_QUEUE = "durable"
+DUTIES_QUEUE = "duties"
+
+# A publish that cannot reach the broker fails fast: the pending row is already committed and
+# the publisher re-sends it, so waiting here would only stall the submitter.
+RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
+
+
+class CeleryTransport:
+    def __init__(self, app: Celery | None = None) -> None:
+        if app is None:
+            from tasks_core.celery_app import app as default_app
+
+            app = default_app
+        self.app = app
+
+    async def publish(self, task_ids: list[str]) -> None:
+        if task_ids:
+            await asyncio.to_thread(self.publish_sync, task_ids)
+
+    def publish_sync(self, task_ids: list[str]) -> None:
+        with self.app.producer_or_acquire() as producer:
+            for task_id in task_ids:
+                self.app.send_task(
+                    RUN_TASK, args=[task_id], queue=DURABLE_QUEUE, producer=producer,
+                    retry=True, retry_policy=RETRY_POLICY,
+                )
