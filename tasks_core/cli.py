@@ -1,0 +1,309 @@
+"""`dtask`: one entry point for operators and users."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from tasks_core.settings import Settings, get_settings
+
+T = TypeVar("T")
+cli = typer.Typer(no_args_is_help=True, add_completion=False, help="durable-tasks: durable background tasks.")
+
+
+def _run(fn: Callable[[], Awaitable[T]]) -> T:
+    return asyncio.run(fn())  # type: ignore[arg-type]
+
+
+def _fail(message: str, code: int = 1) -> None:
+    typer.echo(message, err=True)
+    raise typer.Exit(code)
+
+
+def _services(settings: Settings | None = None) -> Any:
+    from tasks_core.services import build_services
+
+    return build_services(settings or get_settings(), pool_size=2)
+
+
+def _schema_gate(settings: Settings) -> None:
+    from tasks_core.db import SchemaNotCurrent, check_schema, make_engine
+
+    async def check() -> None:
+        engine = make_engine(settings.require_database(), pool_size=1)
+        try:
+            await check_schema(engine)
+        finally:
+            await engine.dispose()
+
+    try:
+        asyncio.run(check())
+    except SchemaNotCurrent as exc:
+        _fail(f"refusing to start: {exc}", 2)
+
+
+def _task_id(raw: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        _fail(f"not a task id: {raw!r}", 2)
+        raise  # unreachable
+
+
+@cli.command()
+def migrate() -> None:
+    """Bring the database schema to this release (the only command that changes it)."""
+    from alembic import command
+
+    from tasks_core.db import alembic_config
+
+    url = get_settings().require_database()
+    try:
+        command.upgrade(alembic_config(url), "head")
+    except OSError as exc:
+        _fail(f"cannot reach the database: {exc}")
+    typer.echo("schema is current")
+
+
+@cli.command("db-status")
+def db_status() -> None:
+    """Show the database's schema revision and the one this release needs."""
+    from tasks_core.db import current_revision, head_revision, make_engine
+
+    async def go() -> str | None:
+        engine = make_engine(get_settings().require_database(), pool_size=1)
+        try:
+            return await current_revision(engine)
+        finally:
+            await engine.dispose()
+
+    current, head = _run(go), head_revision()
+    typer.echo(f"database: {current or 'no version'}\nrelease:  {head}")
+    if current != head:
+        _fail("schema is not current: run `dtask migrate`", 3)
+
+
+@cli.command()
+def worker(
+    concurrency: Annotated[int | None, typer.Option("--concurrency", "-c", help="pool processes")] = None,
+    pool: Annotated[str, typer.Option(help="prefork or solo")] = "prefork",
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
+    hostname: Annotated[str | None, typer.Option("--hostname", "-n")] = None,
+) -> None:
+    """Run a worker: durable tasks and the duties that recover them (both queues)."""
+    settings = get_settings()
+    settings.require_broker()
+    _schema_gate(settings)
+    from tasks_core.celery_app import app
+    from tasks_core.transport import DURABLE_QUEUE, DUTIES_QUEUE
+
+    argv = ["worker", "-Q", f"{DURABLE_QUEUE},{DUTIES_QUEUE}", "-c", str(concurrency or settings.concurrency),
+            "-P", pool, "-l", loglevel, "-E"]
+    if hostname:
+        argv += ["-n", hostname]
+    app.worker_main(argv)
+
+
+@cli.command()
+def beat(
+    schedule: Annotated[str, typer.Option(help="beat's schedule file")] = "celerybeat-schedule",
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
+) -> None:
+    """Run the scheduler of the publisher and reconciler (run exactly one)."""
+    settings = get_settings()
+    settings.require_broker()
+    _schema_gate(settings)
+    from tasks_core.celery_app import app
+
+    app.start(["beat", "-s", schedule, "-l", loglevel])
+
+
+@cli.command()
+def submit(
+    task_type: str,
+    payload: Annotated[str, typer.Option(help="JSON object")] = "{}",
+    dedupe_key: Annotated[str | None, typer.Option()] = None,
+    timeout: Annotated[float | None, typer.Option(help="seconds")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="show progress until the task ends")] = False,
+) -> None:
+    """Submit a task and print its id."""
+    from tasks_core.submission import InvalidTask, Submitter, TaskIntent
+
+    try:
+        body = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        _fail(f"--payload is not JSON: {exc}", 2)
+
+    async def go() -> Any:
+        services = _services()
+        try:
+            result = await Submitter(services).submit(
+                TaskIntent(task_type, body, dedupe_key=dedupe_key, timeout_seconds=timeout), owner="cli"
+            )
+            if result.duplicate_of is None and not result.published:
+                typer.echo(f"warning: not published yet ({result.publish_error}); "
+                           "the publisher will send it", err=True)
+            return result
+        finally:
+            await services.close()
+
+    try:
+        result = _run(go)
+    except InvalidTask as exc:
+        _fail(f"invalid task: {exc}", 2)
+    if result.duplicate_of is not None:
+        typer.echo(f"an active task already holds this dedupe key: {result.duplicate_of}", err=True)
+    typer.echo(str(result.task_id))
+    if wait:
+        sys.exit(_wait(result.task_id))
+
+
+def _wait(task_id: uuid.UUID) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    async def go() -> dict[str, Any]:
+        services = _services()
+        try:
+            with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                          TimeElapsedColumn(), transient=False) as bar:
+                handle = bar.add_task("pending", total=100)
+                while True:
+                    row = await services.repo.get(task_id)
+                    if row is None:
+                        raise RuntimeError("task disappeared")
+                    label = f"{row['status']}: {row['message'] or ''}"[:60]
+                    bar.update(handle, completed=row["progress"], description=label)
+                    if row["status"] in ("success", "failed", "cancelled"):
+                        return row
+                    await asyncio.sleep(0.5)
+        finally:
+            await services.close()
+
+    row = _run(go)
+    if row["error"]:
+        typer.echo(f"{row['status']}: {row['error']['code']}: {row['error']['message']}", err=True)
+    return 0 if row["status"] == "success" else 1
+
+
+@cli.command()
+def show(task_id: str, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Show one task (`--json`: exactly the HTTP task object)."""
+    from tasks_core.views import task_view
+
+    tid = _task_id(task_id)
+
+    async def go() -> dict[str, Any] | None:
+        services = _services()
+        try:
+            row = await services.repo.get(tid)
+            if row is None:
+                return None
+            return task_view(row, await services.repo.waiting_reason(row, services.settings.capacity))
+        finally:
+            await services.close()
+
+    view = _run(go)
+    if view is None:
+        _fail(f"no task {task_id}", 4)
+    if as_json:
+        typer.echo(json.dumps(view))
+        return
+    for key, value in view.items():
+        typer.echo(f"{key:>17}: {json.dumps(value) if isinstance(value, dict | list) else value}")
+
+
+@cli.command("list")
+def list_tasks(
+    status: Annotated[str | None, typer.Option()] = None,
+    task_type: Annotated[str | None, typer.Option("--type")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    cursor: Annotated[str | None, typer.Option()] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List tasks, newest first (keyset pages: pass --cursor to continue)."""
+    from tasks_core.views import task_view
+
+    async def go() -> tuple[list[dict[str, Any]], str | None]:
+        services = _services()
+        try:
+            rows, nxt = await services.repo.list(status=status, task_type=task_type, limit=limit, cursor=cursor)
+            return [task_view(r) for r in rows], nxt
+        finally:
+            await services.close()
+
+    try:
+        items, nxt = _run(go)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    if as_json:
+        typer.echo(json.dumps({"items": items, "next_cursor": nxt}))
+        return
+    for t in items:
+        typer.echo(f"{t['id']}  {t['status']:<9} {t['progress']:>5.1f}%  {t['task_type']:<24} {t['created_at']}")
+    if nxt:
+        typer.echo(f"next page: --cursor {nxt}")
+
+
+@cli.command()
+def cancel(task_id: str) -> None:
+    """Cancel a task: pending at once, running by intent (it stops at its next heartbeat)."""
+    tid = _task_id(task_id)
+
+    async def go() -> str | None:
+        services = _services()
+        try:
+            return await services.repo.request_cancel(tid, services.registry)
+        finally:
+            await services.close()
+
+    outcome = _run(go)
+    if outcome is None:
+        _fail(f"no task {task_id}", 4)
+    if outcome == "terminal":
+        _fail("task already finished", 5)
+    typer.echo("cancelled" if outcome == "cancelled" else "cancel requested")
+
+
+@cli.command()
+def prune(older_than: Annotated[str, typer.Option("--older-than", help="e.g. 7d, 12h, 30m")]) -> None:
+    """Delete finished tasks (and their attempts) older than DURATION."""
+    from tasks_core.durations import parse_duration
+
+    try:
+        seconds = parse_duration(older_than)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+
+    async def go() -> int:
+        services = _services()
+        try:
+            return await services.repo.prune(seconds)
+        finally:
+            await services.close()
+
+    typer.echo(f"pruned {_run(go)} tasks")
+
+
+@cli.command()
+def dev(
+    data_dir: Annotated[str | None, typer.Option(help="embedded data (default .dtask)")] = None,
+    api_port: Annotated[int, typer.Option()] = 8000,
+) -> None:
+    """Run the whole system on embedded defaults (PostgreSQL and Redis from wheels) until Ctrl-C."""
+    from tasks_core.dev import run_dev
+
+    sys.exit(run_dev(get_settings(), data_dir=data_dir, api_port=api_port))
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

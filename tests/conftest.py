@@ -1,0 +1,136 @@
+"""Test services: a temporary database (random name, dropped after) on the machine's PostgreSQL
+and a Redis DB index of our own; embedded servers from wheels when no server answers.
+
+Everything is decided in pytest_configure, before any test module imports the Celery app, so
+celeryconfig reads the test broker from the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis as redis_sync
+
+ROOT = Path(__file__).resolve().parent.parent
+_cleanup: list[Any] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from tasks_core.embedded import EmbeddedPostgres, EmbeddedRedis, create_database, reachable
+
+    admin = os.environ.get("DTASK_TEST_ADMIN_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres")
+    redis_base = os.environ.get("DTASK_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    scratch = Path(tempfile.mkdtemp(prefix="dtask-test-"))
+    if not reachable(admin):
+        pg = EmbeddedPostgres(scratch / "pg")
+        admin = pg.start()
+        _cleanup.append(pg.stop)
+    if not reachable(redis_base):
+        rd = EmbeddedRedis(scratch / "redis")
+        redis_base = rd.start()
+        _cleanup.append(rd.stop)
+    name = f"dtask_test_{uuid.uuid4().hex[:12]}"
+    db_url = create_database(admin, name)
+    _cleanup.insert(0, lambda: _drop(admin, name))
+    # Our own DB index (1-15, never 0 which the machine's own users default to).
+    index = int(os.environ.get("DTASK_TEST_REDIS_DB", random.randint(1, 15)))
+    broker = redis_base.rsplit("/", 1)[0] + f"/{index}"
+    redis_sync.Redis.from_url(broker).flushdb()
+    os.environ.update(
+        DTASK_DATABASE_URL=db_url, DTASK_BROKER_URL=broker, DTASK_REDIS_URL=broker,
+        DTASK_TEST_ADMIN_URL=admin, DTASK_TEST_SCRATCH=str(scratch),
+    )
+    os.environ.pop("DTASK_CAPACITY", None)
+
+    from alembic import command
+
+    from tasks_core.db import alembic_config
+
+    command.upgrade(alembic_config(db_url), "head")
+
+
+def _drop(admin: str, name: str) -> None:
+    from tasks_core.embedded import drop_database
+
+    drop_database(admin, name)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    broker = os.environ.get("DTASK_BROKER_URL")
+    if broker:
+        try:
+            redis_sync.Redis.from_url(broker).flushdb()
+        except redis_sync.RedisError:
+            pass
+    for fn in _cleanup:
+        try:
+            fn()
+        except Exception as exc:  # keep cleaning the rest
+            print(f"cleanup failed: {exc!r}")
+
+
+@pytest.fixture(scope="session")
+def database_url() -> str:
+    return os.environ["DTASK_DATABASE_URL"]
+
+
+@pytest.fixture(scope="session")
+def broker_url() -> str:
+    return os.environ["DTASK_BROKER_URL"]
+
+
+@pytest.fixture
+def redis_client(broker_url: str) -> Iterator[redis_sync.Redis]:
+    client = redis_sync.Redis.from_url(broker_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+async def clean_db(database_url: str, redis_client: redis_sync.Redis) -> AsyncIterator[None]:
+    from sqlalchemy import text
+
+    from tasks_core.db import make_engine
+
+    redis_client.flushdb()
+    engine = make_engine(database_url, pool_size=1)
+    async with engine.begin() as conn:
+        await conn.execute(text("TRUNCATE tasks, task_attempts, diagnostics_runs, diagnostics_effects CASCADE"))
+    await engine.dispose()
+    yield
+
+
+def make_settings(**overrides: Any) -> Any:
+    from tasks_core.settings import Settings
+
+    base: dict[str, Any] = {
+        "database_url": os.environ["DTASK_DATABASE_URL"],
+        "broker_url": os.environ["DTASK_BROKER_URL"],
+        "lease_seconds": 3.0,
+        "reconcile_seconds": 1.0,
+        "publish_seconds": 2.0,
+        "shutdown_grace_seconds": 1.0,
+    }
+    base.update(overrides)
+    return Settings(**base)
+
+
+@pytest.fixture
+def settings_factory() -> Any:
+    return make_settings
+
+
+@pytest.fixture
+async def services(clean_db: None) -> AsyncIterator[Any]:
+    from tasks_core.services import build_services
+
+    svc = build_services(make_settings(), pool_size=10)
+    yield svc
+    await svc.close()
