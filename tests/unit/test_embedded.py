@@ -1,0 +1,148 @@
+"""The embedded servers behind `dtask dev` and the test fallback really start, serve and stop."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import uuid
+from collections.abc import Iterator
+
+import asyncpg
+import pytest
+import redis
+
+from tasks_core.embedded import (
+    EmbeddedPostgres,
+    EmbeddedRedis,
+    create_database,
+    drop_database,
+    free_port,
+    reachable,
+)
+
+
+def _dsn(url: str) -> str:
+    # asyncpg takes the libpq form of the SQLAlchemy URL.
+    return url.replace("postgresql+asyncpg://", "postgresql://", 1)
+
+
+async def _fetchval(url: str, sql: str) -> object:
+    conn = await asyncpg.connect(_dsn(url))
+    try:
+        return await conn.fetchval(sql)
+    finally:
+        await conn.close()
+
+
+async def _execute(url: str, sql: str) -> None:
+    conn = await asyncpg.connect(_dsn(url))
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="module")
+def pg_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    return tmp_path_factory.mktemp("embedded-pg")
+
+
+@pytest.fixture(scope="module")
+def pg(pg_dir: pathlib.Path) -> Iterator[EmbeddedPostgres]:
+    server = EmbeddedPostgres(pg_dir)
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_postgres_serves_tcp_on_loopback(pg: EmbeddedPostgres) -> None:
+    url = pg.start()  # idempotent: the running server's URL
+    assert url.startswith("postgresql+asyncpg://postgres@127.0.0.1:")
+    assert url.endswith("/postgres")
+    assert reachable(url)
+    assert asyncio.run(_fetchval(url, "SELECT 1")) == 1
+    # Listening on loopback only, not on a unix socket.
+    assert asyncio.run(_fetchval(url, "SHOW listen_addresses")) == "127.0.0.1"
+    assert asyncio.run(_fetchval(url, "SHOW unix_socket_directories")) == ""
+
+
+def test_create_and_drop_database(pg: EmbeddedPostgres) -> None:
+    admin = pg.start()
+    name = f"dtask-test-{uuid.uuid4().hex[:8]}"  # a hyphen proves the identifier is quoted
+    url = create_database(admin, name)
+    assert url == admin.rsplit("/", 1)[0] + "/" + name
+    assert asyncio.run(_fetchval(url, "SELECT current_database()")) == name
+
+    async def drop_while_connected() -> None:
+        # A session left open on the database must not block the drop.
+        conn = await asyncpg.connect(_dsn(url))
+        try:
+            await asyncio.to_thread(drop_database, admin, name)
+        finally:
+            await conn.close(timeout=2)
+
+    asyncio.run(drop_while_connected())
+    exists = asyncio.run(_fetchval(admin, f"SELECT count(*) FROM pg_database WHERE datname = '{name}'"))
+    assert exists == 0
+    drop_database(admin, name)  # IF EXISTS: dropping twice is fine
+
+
+async def test_database_helpers_work_inside_a_running_loop(pg: EmbeddedPostgres) -> None:
+    admin = pg.start()
+    name = f"dtask_loop_{uuid.uuid4().hex[:8]}"
+    url = create_database(admin, name)
+    assert await _fetchval(url, "SELECT 1") == 1
+    drop_database(admin, name)
+
+
+def test_postgres_data_survives_restart(pg: EmbeddedPostgres, pg_dir: pathlib.Path) -> None:
+    url = pg.start()
+    asyncio.run(_execute(url, "CREATE TABLE IF NOT EXISTS kept (v int); INSERT INTO kept VALUES (7)"))
+    pg.stop()
+    pg.stop()  # idempotent
+    assert not reachable(url, timeout=0.5)
+
+    again = EmbeddedPostgres(pg_dir)
+    try:
+        url2 = again.start()
+        assert url2 == url  # the previous port is reused while free
+        assert asyncio.run(_fetchval(url2, "SELECT sum(v) FROM kept")) == 7
+    finally:
+        again.stop()
+    pg.start()  # leave the module fixture running
+
+
+def test_redis_serves_and_stops(tmp_path: pathlib.Path) -> None:
+    server = EmbeddedRedis(tmp_path / "redis")
+    url = server.start()
+    try:
+        assert url.startswith("redis://127.0.0.1:") and url.endswith("/0")
+        assert reachable(url)
+        client = redis.Redis.from_url(url)
+        try:
+            assert client.ping()
+            assert client.set("k", "v")
+            assert client.get("k") == b"v"
+            assert client.config_get("bind")["bind"] == "127.0.0.1"
+            assert client.config_get("save")["save"] == ""
+        finally:
+            client.close()
+    finally:
+        server.stop()
+    server.stop()  # idempotent
+    assert not reachable(url, timeout=0.5)
+
+
+def test_redis_on_a_requested_port(tmp_path: pathlib.Path) -> None:
+    port = free_port()
+    with EmbeddedRedis(tmp_path, port=port) as server:
+        assert server.url == f"redis://127.0.0.1:{port}/0"
+        assert reachable(server.url)
+    assert server.url is None
+
+
+def test_reachable_rejects_what_it_cannot_check() -> None:
+    assert not reachable(f"redis://127.0.0.1:{free_port()}/0", timeout=0.5)
+    assert not reachable(f"postgresql+asyncpg://u@127.0.0.1:{free_port()}/db", timeout=0.5)
+    with pytest.raises(ValueError):
+        reachable("http://127.0.0.1:80/")
