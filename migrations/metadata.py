@@ -1,8 +1,8 @@
-"""Every table Alembic owns: the runtime's and each domain's (tests compare them to migrations)."""
+"""Every table Alembic owns: the runtime's and each domain's, all on one MetaData."""
 
 from __future__ import annotations
 
-from domains.diagnostics.model import metadata as diagnostics_metadata
-from tasks_core.model import metadata as core_metadata
+import domains.diagnostics.model  # noqa: F401  (registers its tables)
+from tasks_core.model import metadata as target_metadata
 
-target_metadata = [core_metadata, diagnostics_metadata]
+__all__ = ["target_metadata"]

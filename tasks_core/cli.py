@@ -7,7 +7,7 @@ import json
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 
@@ -21,7 +21,7 @@ def _run(fn: Callable[[], Awaitable[T]]) -> T:
     return asyncio.run(fn())  # type: ignore[arg-type]
 
 
-def _fail(message: str, code: int = 1) -> None:
+def _fail(message: str, code: int = 1) -> NoReturn:
     typer.echo(message, err=True)
     raise typer.Exit(code)
 
@@ -53,7 +53,6 @@ def _task_id(raw: str) -> uuid.UUID:
         return uuid.UUID(raw)
     except ValueError:
         _fail(f"not a task id: {raw!r}", 2)
-        raise  # unreachable
 
 
 @cli.command()
@@ -180,7 +179,7 @@ def _wait(task_id: uuid.UUID) -> int:
                     label = f"{row['status']}: {row['message'] or ''}"[:60]
                     bar.update(handle, completed=row["progress"], description=label)
                     if row["status"] in ("success", "failed", "cancelled"):
-                        return row
+                        return dict(row)
                     await asyncio.sleep(0.5)
         finally:
             await services.close()
@@ -258,7 +257,8 @@ def cancel(task_id: str) -> None:
     async def go() -> str | None:
         services = _services()
         try:
-            return await services.repo.request_cancel(tid, services.registry)
+            outcome: str | None = await services.repo.request_cancel(tid, services.registry)
+            return outcome
         finally:
             await services.close()
 
@@ -283,7 +283,8 @@ def prune(older_than: Annotated[str, typer.Option("--older-than", help="e.g. 7d,
     async def go() -> int:
         services = _services()
         try:
-            return await services.repo.prune(seconds)
+            pruned: int = await services.repo.prune(seconds)
+            return pruned
         finally:
             await services.close()
 

@@ -116,7 +116,8 @@ class Registry:
             return None
         if version == spec.version or (version == LEGACY_VERSION and kind == "failure"):
             path = spec.on_success if kind == "success" else spec.on_failure
-            return None if path is None else self._load(path)  # type: ignore[no-any-return]
+            hook: Hook | None = None if path is None else self._load(path)
+            return hook
         return None
 
 

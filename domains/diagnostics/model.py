@@ -13,16 +13,14 @@ from sqlalchemy import (
     DateTime,
     ForeignKey,
     Integer,
-    MetaData,
     Table,
     Text,
     func,
 )
 from sqlalchemy.dialects.postgresql import UUID
 
-from tasks_core.model import NAMING
-
-metadata = MetaData(naming_convention=NAMING)
+# Domain tables share the runtime's metadata so their foreign keys to `tasks` resolve.
+from tasks_core.model import metadata
 
 diagnostics_runs = Table(
     "diagnostics_runs",
