@@ -124,6 +124,22 @@ def beat(
 
 
 @cli.command()
+def api(
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    port: Annotated[int, typer.Option()] = 8000,
+    workers: Annotated[int, typer.Option(help="uvicorn worker processes")] = 1,
+) -> None:
+    """Serve the HTTP API (OpenAPI at /docs)."""
+    import uvicorn
+
+    settings = get_settings()
+    _schema_gate(settings)
+    if not settings.api_keys:
+        typer.echo("warning: DTASK_API_KEYS is empty; every request except health will get 401", err=True)
+    uvicorn.run("app.main:create_app", factory=True, host=host, port=port, workers=workers)
+
+
+@cli.command()
 def submit(
     task_type: str,
     payload: Annotated[str, typer.Option(help="JSON object")] = "{}",

@@ -1,0 +1,1 @@
+"""HTTP API: routers, auth and schemas. No execution logic: it submits through tasks_core."""

@@ -1,0 +1,109 @@
+"""The FastAPI application (`dtask api`, or `uvicorn --factory app.main:create_app`)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import math
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app import routes_health, routes_tasks
+from app.auth import KeyRing
+from tasks_core.db import check_schema
+from tasks_core.services import Services, build_services
+from tasks_core.settings import Settings, get_settings
+
+DESCRIPTION = """Durable background tasks. PostgreSQL owns every task's state and lease; workers
+claim tasks under a fresh attempt token. Authenticate with `Authorization: Bearer <secret>`
+(keys from `DTASK_API_KEYS`); a key sees only the tasks it submitted unless it is an admin key."""
+
+
+class BodyLimit:
+    """Refuse request bodies over the limit before reading them (413), so nothing huge is parsed."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._too_large(send)
+            return
+        seen = 0
+
+        async def limited() -> Any:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await self._too_large(send)
+
+    async def _too_large(self, send: Send) -> None:
+        body = b'{"detail":"request body too large"}'
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _json_safe(value: Any) -> Any:
+    """Echoed inputs may hold Infinity/NaN (Python's JSON parser accepts them); JSON cannot."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return JSONResponse(status_code=422, content={"detail": _json_safe(jsonable_encoder(exc.errors()))})
+
+
+def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
+    settings = settings or (services.settings if services else get_settings())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        own = services is None
+        svc = services or build_services(settings, pool_size=10)
+        if own:
+            await check_schema(svc.engine)  # fail closed before serving anything
+        app.state.services = svc
+        try:
+            yield
+        finally:
+            if own:
+                await svc.close()
+
+    app = FastAPI(title="durable-tasks", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    app.state.keys = KeyRing(settings.api_keys)
+    if services is not None:
+        app.state.services = services
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.include_router(routes_tasks.router)
+    app.include_router(routes_health.router)
+    # A batch may carry up to 1,000 payloads; each payload is also checked against its own limit.
+    app.add_middleware(BodyLimit, limit=settings.max_request_bytes)
+    return app

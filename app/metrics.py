@@ -1,0 +1,69 @@
+"""Render /metrics from PostgreSQL facts and the runtime's shared counters in Redis."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from tasks_core import metrics as runtime_metrics
+from tasks_core.services import Services
+
+
+class _Snapshot:
+    """A one-shot collector over values fetched (asynchronously) just before rendering."""
+
+    def __init__(self, families: list[Any]) -> None:
+        self.families = families
+
+    def collect(self) -> Any:
+        return iter(self.families)
+
+
+async def render_metrics(svc: Services) -> tuple[bytes, str]:
+    summary = await svc.repo.summary()
+    oldest = await svc.repo.oldest_pending_age()
+    try:
+        shared = await runtime_metrics.read(svc.redis)
+    except Exception:
+        shared = {}
+
+    tasks = GaugeMetricFamily("dtask_tasks", "Tasks by status and type", labels=["status", "task_type"])
+    for task_type, counts in sorted(summary["by_type"].items()):
+        for status, count in sorted(counts.items()):
+            tasks.add_metric([status, task_type], count)
+    age = GaugeMetricFamily("dtask_oldest_pending_age_seconds", "Age of the oldest pending task (0 if none)")
+    age.add_metric([], oldest or 0.0)
+    families: list[Any] = [tasks, age]
+
+    by_name: defaultdict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
+    for field, value in shared.items():
+        name, labels = runtime_metrics.parse_field(field)
+        by_name[name].append((labels, value))
+    for counter in runtime_metrics.COUNTERS:
+        family = CounterMetricFamily(counter.name, counter.doc, labels=list(counter.labelnames))
+        for labels, value in by_name.get(counter.name, []):
+            family.add_metric([labels.get(k, "") for k in counter.labelnames], value)
+        families.append(family)
+    for hist in runtime_metrics.HISTOGRAMS:
+        families.append(_histogram(hist, by_name))
+
+    registry = CollectorRegistry()
+    registry.register(_Snapshot(families))  # type: ignore[arg-type]
+    return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def _histogram(hist: runtime_metrics.Histogram, by_name: dict[str, list[tuple[dict[str, str], float]]]) -> Any:
+    family = HistogramMetricFamily(hist.name, hist.doc, labels=list(hist.labelnames))
+    series: defaultdict[tuple[str, ...], dict[str, Any]] = defaultdict(lambda: {"buckets": {}, "sum": 0.0})
+    for labels, value in by_name.get(hist.name + "_bucket", []):
+        key = tuple(labels.get(k, "") for k in hist.labelnames)
+        series[key]["buckets"][labels["le"]] = value
+    for labels, value in by_name.get(hist.name + "_sum", []):
+        series[tuple(labels.get(k, "") for k in hist.labelnames)]["sum"] = value
+    for key, data in sorted(series.items()):
+        buckets = sorted(data["buckets"].items(), key=lambda kv: float(kv[0]))
+        family.add_metric(list(key), buckets=buckets, sum_value=data["sum"])
+    return family

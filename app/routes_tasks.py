@@ -1,0 +1,150 @@
+"""/tasks: submit, inspect, list, cancel, delete."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
+from fastapi.responses import JSONResponse
+
+from app.auth import Principal, principal
+from app.schemas import BatchIn, BatchOut, Conflict, Message, Status, Summary, TaskIn, TaskOut, TaskPage
+from tasks_core.services import Services
+from tasks_core.submission import InvalidTask, Submitted, Submitter, TaskIntent
+from tasks_core.views import task_view
+
+router = APIRouter(prefix="/tasks", tags=["tasks"])
+Caller = Annotated[Principal, Depends(principal)]
+NOT_FOUND = {404: {"model": Message, "description": "No such task (or not yours)"}}
+AUTH = {401: {"model": Message, "description": "Missing or invalid API key"}}
+
+
+def services(request: Request) -> Services:
+    svc: Services = request.app.state.services
+    return svc
+
+
+Svc = Annotated[Services, Depends(services)]
+
+
+def _intent(body: TaskIn) -> TaskIntent:
+    return TaskIntent(body.task_type, body.payload, body.handler_version, body.dedupe_key, body.timeout_seconds)
+
+
+def _invalid(exc: InvalidTask, prefix: tuple[Any, ...] = ("body",)) -> HTTPException:
+    # The same shape as FastAPI's own validation errors, so clients handle one format.
+    return HTTPException(422, [{"loc": [*prefix, exc.field], "msg": exc.message, "type": "value_error"}])
+
+
+async def _view(svc: Services, row: dict[str, Any]) -> dict[str, Any]:
+    return task_view(row, await svc.repo.waiting_reason(row, svc.settings.capacity))
+
+
+async def _owned(svc: Services, task_id: uuid.UUID, caller: Principal) -> dict[str, Any]:
+    row = await svc.repo.get(task_id)
+    if row is None or (not caller.admin and row["owner"] != caller.name):
+        raise HTTPException(404, "no such task")  # another owner's task does not exist for you
+    return dict(row)
+
+
+@router.post(
+    "", status_code=202, response_model=TaskOut,
+    responses={**AUTH, 409: {"model": Conflict, "description": "An active task holds the dedupe key"}},
+)
+async def submit_task(body: TaskIn, caller: Caller, svc: Svc) -> Any:
+    try:
+        result = await Submitter(svc).submit(_intent(body), owner=caller.name)
+    except InvalidTask as exc:
+        raise _invalid(exc) from None
+    if result.duplicate_of is not None:
+        return JSONResponse(
+            status_code=409,
+            content={"detail": "an active task already holds this dedupe key", "task_id": str(result.duplicate_of)},
+        )
+    return await _view(svc, await svc.repo.get(result.task_id) or {})
+
+
+@router.post("/batch", status_code=202, response_model=BatchOut, responses={**AUTH})
+async def submit_batch(body: BatchIn, caller: Caller, svc: Svc) -> Any:
+    """Accepted entries commit in one transaction and are published in one pass."""
+    outcomes = await Submitter(svc).submit_many([_intent(t) for t in body.tasks], owner=caller.name)
+    results: list[dict[str, Any]] = []
+    published = True
+    for outcome in outcomes:
+        if isinstance(outcome, InvalidTask):
+            results.append({"error": {"code": "invalid", "field": outcome.field, "message": outcome.message}})
+        elif outcome.duplicate_of is not None:
+            results.append({"error": {"code": "duplicate", "message": "an active task holds this dedupe key",
+                                      "task_id": outcome.duplicate_of}})
+        else:
+            published = published and outcome.published
+            results.append({"task": await _submitted_view(svc, outcome)})
+    accepted = sum(1 for r in results if "task" in r)
+    return {"results": results, "accepted": accepted, "published": published}
+
+
+async def _submitted_view(svc: Services, outcome: Submitted) -> dict[str, Any]:
+    row = await svc.repo.get(outcome.task_id)
+    return task_view(row) if row else {}
+
+
+@router.get("/summary", response_model=Summary, responses={**AUTH})
+async def summary(caller: Caller, svc: Svc) -> Any:
+    """Exact counts by status and by type (your own tasks unless you hold an admin key)."""
+    return await svc.repo.summary(owner=caller.owner_filter())
+
+
+@router.get("", response_model=TaskPage, responses={**AUTH})
+async def list_tasks(
+    caller: Caller,
+    svc: Svc,
+    status_: Annotated[Status | None, Query(alias="status")] = None,
+    task_type: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=500)] = None,
+) -> Any:
+    """Newest first, keyset-paged: pass `next_cursor` back as `cursor`."""
+    try:
+        rows, nxt = await svc.repo.list(
+            status=status_, task_type=task_type, owner=caller.owner_filter(), limit=limit, cursor=cursor
+        )
+    except ValueError as exc:
+        raise _invalid(InvalidTask("cursor", str(exc)), ("query",)) from None
+    return {"items": [task_view(r) for r in rows], "next_cursor": nxt}
+
+
+@router.get("/{task_id}", response_model=TaskOut, responses={**AUTH, **NOT_FOUND})
+async def get_task(task_id: uuid.UUID, caller: Caller, svc: Svc) -> Any:
+    return await _view(svc, await _owned(svc, task_id, caller))
+
+
+@router.post(
+    "/{task_id}/cancel", response_model=TaskOut,
+    responses={**AUTH, **NOT_FOUND, 202: {"model": TaskOut, "description": "Running: cancel requested"},
+               409: {"model": Message, "description": "Already finished"}},
+)
+async def cancel_task(task_id: uuid.UUID, caller: Caller, svc: Svc, response: Response) -> Any:
+    """Pending: cancelled now (200). Running: cancel requested, it stops at its next heartbeat (202)."""
+    await _owned(svc, task_id, caller)
+    outcome = await svc.repo.request_cancel(task_id, svc.registry)
+    if outcome is None:
+        raise HTTPException(404, "no such task")
+    if outcome == "terminal":
+        raise HTTPException(409, "task already finished")
+    response.status_code = status.HTTP_200_OK if outcome == "cancelled" else status.HTTP_202_ACCEPTED
+    return await _view(svc, await _owned(svc, task_id, caller))
+
+
+@router.delete(
+    "/{task_id}", status_code=204, response_class=Response,
+    responses={**AUTH, **NOT_FOUND, 409: {"model": Message, "description": "Task not finished"}},
+)
+async def delete_task(task_id: uuid.UUID, caller: Caller, svc: Svc) -> Response:
+    await _owned(svc, task_id, caller)
+    outcome = await svc.repo.delete(task_id)
+    if outcome is None:
+        raise HTTPException(404, "no such task")
+    if outcome == "active":
+        raise HTTPException(409, "only finished tasks can be deleted; cancel it first")
+    return Response(status_code=204)

@@ -1,0 +1,310 @@
+"""HTTP API against the real app, a real database and a real Redis (no server process needed:
+httpx drives the ASGI app in this event loop)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import text
+
+from app.main import create_app
+from tasks_core import metrics as runtime_metrics
+from tasks_core.readiness import READINESS_KEY, write_readiness
+from tasks_core.services import build_services
+from tests.conftest import make_settings
+
+KEYS = "alice:alice-secret,bob:bob-secret,root:root-secret:admin"
+ALICE = {"Authorization": "Bearer alice-secret"}
+BOB = {"Authorization": "Bearer bob-secret"}
+ROOT = {"Authorization": "Bearer root-secret"}
+
+
+@pytest.fixture
+async def svc(clean_db: None) -> AsyncIterator[Any]:
+    services = build_services(make_settings(api_keys=KEYS, max_payload_bytes=2048, max_request_bytes=200_000),
+                              pool_size=5)
+    yield services
+    await services.close()
+
+
+@pytest.fixture
+async def client(svc: Any) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(services=svc)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+        yield c
+
+
+async def post_task(client: httpx.AsyncClient, headers: dict[str, str] = ALICE, **body: Any) -> httpx.Response:
+    body.setdefault("task_type", "diagnostics.noop")
+    return await client.post("/tasks", json=body, headers=headers)
+
+
+async def total(svc: Any) -> int:
+    return int((await svc.repo.summary())["total"])
+
+
+async def test_every_route_but_health_needs_a_key(client: httpx.AsyncClient) -> None:
+    tid = uuid.uuid4()
+    calls = [("POST", "/tasks"), ("POST", "/tasks/batch"), ("GET", "/tasks"), ("GET", "/tasks/summary"),
+             ("GET", f"/tasks/{tid}"), ("POST", f"/tasks/{tid}/cancel"), ("DELETE", f"/tasks/{tid}")]
+    for method, path in calls:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic alice-secret"}):
+            r = await client.request(method, path, headers=headers, json={})
+            assert r.status_code == 401, (method, path, headers)
+    assert (await client.get("/healthz")).status_code == 200
+
+
+async def test_submit_returns_the_task_and_publishes_it(client: httpx.AsyncClient, svc: Any, redis_client: Any) -> None:
+    r = await post_task(client, task_type="diagnostics.sleep", payload={"seconds": 1}, timeout_seconds=30,
+                        dedupe_key="k1")
+    assert r.status_code == 202
+    task = r.json()
+    assert task["status"] == "pending" and task["task_type"] == "diagnostics.sleep"
+    assert task["handler_version"] == 1 and task["timeout_seconds"] == 30 and task["dedupe_key"] == "k1"
+    assert task["cancel_requested"] is False and task["attempt_count"] == 0
+    assert redis_client.llen("durable") == 1
+    row = await svc.repo.get(uuid.UUID(task["id"]))
+    assert row["owner"] == "alice"  # the key's name, never its secret
+    got = (await client.get(f"/tasks/{task['id']}", headers=ALICE)).json()
+    assert got["waiting_reason"] == "waiting for a worker"
+
+
+async def test_active_duplicate_is_409_with_the_holder(client: httpx.AsyncClient, svc: Any) -> None:
+    first = (await post_task(client, dedupe_key="same")).json()
+    r = await post_task(client, dedupe_key="same")
+    assert r.status_code == 409 and r.json()["task_id"] == first["id"]
+    assert await total(svc) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"task_type": "no.such.type"}, "task_type"),
+        ({"handler_version": 7}, "handler_version"),
+        ({"handler_version": True}, "handler_version"),
+        ({"payload": [1, 2]}, "payload"),
+        ({"payload": "text"}, "payload"),
+        ({"payload": {"blob": "x" * 5000}}, "payload"),
+        ({"timeout_seconds": 0}, "timeout_seconds"),
+        ({"timeout_seconds": -5}, "timeout_seconds"),
+        ({"timeout_seconds": 1e9}, "timeout_seconds"),
+        ({"timeout_seconds": "soon"}, "timeout_seconds"),
+        ({"dedupe_key": "k" * 500}, "dedupe_key"),
+        ({"dedupe_key": ""}, "dedupe_key"),
+        ({"task_type": 5}, "task_type"),
+        ({"surprise": 1}, "surprise"),
+    ],
+)
+async def test_bad_input_is_422_and_stores_nothing(client: httpx.AsyncClient, svc: Any, body: dict[str, Any],
+                                                   field: str) -> None:
+    r = await post_task(client, **body)
+    assert r.status_code == 422, r.text
+    assert any(field in map(str, err["loc"]) for err in r.json()["detail"]), r.json()
+    assert await total(svc) == 0
+
+
+async def test_non_finite_timeouts_are_422(client: httpx.AsyncClient, svc: Any) -> None:
+    for raw in ('{"task_type": "diagnostics.noop", "timeout_seconds": Infinity}',
+                '{"task_type": "diagnostics.noop", "timeout_seconds": NaN}',
+                '{"task_type": "diagnostics.noop", "timeout_seconds": 1e400}'):
+        r = await client.post("/tasks", content=raw, headers={**ALICE, "content-type": "application/json"})
+        assert r.status_code == 422, raw
+    assert await total(svc) == 0
+
+
+async def test_huge_request_body_is_refused_unread(client: httpx.AsyncClient, svc: Any) -> None:
+    r = await client.post("/tasks", content=b'{"payload": "' + b"x" * 300_000 + b'"}',
+                          headers={**ALICE, "content-type": "application/json"})
+    assert r.status_code == 413
+    assert await total(svc) == 0
+
+
+async def test_unknown_and_malformed_ids(client: httpx.AsyncClient) -> None:
+    assert (await client.get(f"/tasks/{uuid.uuid4()}", headers=ALICE)).status_code == 404
+    assert (await client.get("/tasks/not-a-uuid", headers=ALICE)).status_code == 422
+    assert (await client.post(f"/tasks/{uuid.uuid4()}/cancel", headers=ALICE)).status_code == 404
+    assert (await client.delete(f"/tasks/{uuid.uuid4()}", headers=ALICE)).status_code == 404
+
+
+async def test_owners_are_isolated_and_admin_sees_all(client: httpx.AsyncClient) -> None:
+    mine = (await post_task(client, headers=ALICE)).json()["id"]
+    theirs = (await post_task(client, headers=BOB)).json()["id"]
+    assert (await client.get(f"/tasks/{theirs}", headers=ALICE)).status_code == 404
+    assert (await client.post(f"/tasks/{theirs}/cancel", headers=ALICE)).status_code == 404
+    assert (await client.delete(f"/tasks/{theirs}", headers=ALICE)).status_code == 404
+    assert [t["id"] for t in (await client.get("/tasks", headers=ALICE)).json()["items"]] == [mine]
+    assert (await client.get("/tasks/summary", headers=ALICE)).json()["total"] == 1
+    assert {t["id"] for t in (await client.get("/tasks", headers=ROOT)).json()["items"]} == {mine, theirs}
+    assert (await client.get("/tasks/summary", headers=ROOT)).json()["total"] == 2
+    assert (await client.get(f"/tasks/{theirs}", headers=ROOT)).status_code == 200
+    assert (await client.get(f"/tasks/{theirs}", headers=BOB)).json()["status"] == "pending"  # untouched
+
+
+async def test_batch_commits_valid_entries_and_reports_each_error(client: httpx.AsyncClient, svc: Any,
+                                                                  redis_client: Any) -> None:
+    holder = (await post_task(client, dedupe_key="taken")).json()["id"]
+    body = {"tasks": [
+        {"task_type": "diagnostics.noop", "payload": {"n": 1}},
+        {"task_type": "nope"},
+        {"task_type": "diagnostics.noop", "dedupe_key": "taken"},
+        {"task_type": "diagnostics.sleep", "payload": {"seconds": 0}},
+    ]}
+    r = await client.post("/tasks/batch", json=body, headers=ALICE)
+    assert r.status_code == 202
+    out = r.json()
+    assert out["accepted"] == 2 and out["published"] is True
+    results = out["results"]
+    assert results[0]["task"]["status"] == "pending"
+    assert results[1]["error"]["code"] == "invalid" and results[1]["error"]["field"] == "task_type"
+    assert results[2]["error"] == {"code": "duplicate", "field": None,
+                                   "message": "an active task holds this dedupe key", "task_id": holder}
+    assert results[3]["task"]["task_type"] == "diagnostics.sleep"
+    assert await total(svc) == 3
+    assert redis_client.llen("durable") == 3
+
+
+async def test_batch_limits(client: httpx.AsyncClient, svc: Any) -> None:
+    too_many = {"tasks": [{"task_type": "diagnostics.noop"}] * 1001}
+    assert (await client.post("/tasks/batch", json=too_many, headers=ALICE)).status_code in (413, 422)
+    assert (await client.post("/tasks/batch", json={"tasks": []}, headers=ALICE)).status_code == 422
+    assert await total(svc) == 0
+
+
+async def test_cancel_pending_running_and_terminal(client: httpx.AsyncClient, svc: Any) -> None:
+    pending = (await post_task(client)).json()["id"]
+    r = await client.post(f"/tasks/{pending}/cancel", headers=ALICE)
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    assert (await client.post(f"/tasks/{pending}/cancel", headers=ALICE)).status_code == 409
+
+    running = (await post_task(client, task_type="diagnostics.sleep")).json()["id"]
+    claim = await svc.repo.claim(uuid.UUID(running), svc.registry, capacity=4, lease_seconds=30)
+    assert not isinstance(claim, str)
+    r = await client.post(f"/tasks/{running}/cancel", headers=ALICE)
+    assert r.status_code == 202
+    assert r.json()["status"] == "running" and r.json()["cancel_requested"] is True
+
+
+async def test_delete_only_finished_tasks(client: httpx.AsyncClient, svc: Any) -> None:
+    tid = (await post_task(client)).json()["id"]
+    assert (await client.delete(f"/tasks/{tid}", headers=ALICE)).status_code == 409
+    await client.post(f"/tasks/{tid}/cancel", headers=ALICE)
+    assert (await client.delete(f"/tasks/{tid}", headers=ALICE)).status_code == 204
+    assert (await client.get(f"/tasks/{tid}", headers=ALICE)).status_code == 404
+
+
+async def test_listing_pages_through_more_than_200_tasks(client: httpx.AsyncClient, svc: Any) -> None:
+    body = {"tasks": [{"task_type": "diagnostics.noop", "payload": {"i": i}} for i in range(230)]}
+    assert (await client.post("/tasks/batch", json=body, headers=ALICE)).json()["accepted"] == 230
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params = {"limit": 40, **({"cursor": cursor} if cursor else {})}
+        page = (await client.get("/tasks", params=params, headers=ALICE)).json()
+        seen += [t["id"] for t in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert len(seen) == 230 == len(set(seen))
+    summary = (await client.get("/tasks/summary", headers=ALICE)).json()
+    assert summary["by_status"]["pending"] == 230 and summary["by_type"] == {"diagnostics.noop": {"pending": 230}}
+    filtered = (await client.get("/tasks", params={"status": "success"}, headers=ALICE)).json()
+    assert filtered == {"items": [], "next_cursor": None}
+    assert (await client.get("/tasks", params={"cursor": "%%%"}, headers=ALICE)).status_code == 422
+    assert (await client.get("/tasks", params={"status": "bogus"}, headers=ALICE)).status_code == 422
+
+
+async def test_waiting_reason_names_a_publish_failure(client: httpx.AsyncClient, svc: Any) -> None:
+    tid = (await post_task(client)).json()["id"]
+    await svc.repo.mark_publish_failed([uuid.UUID(tid)], "ConnectionError: broker down")
+    got = (await client.get(f"/tasks/{tid}", headers=ALICE)).json()
+    assert got["waiting_reason"] == "publish failed: ConnectionError: broker down"
+
+
+# ------------------------------------------------------------------ readiness
+
+
+async def test_readyz_needs_a_fresh_readiness_fact(client: httpx.AsyncClient, svc: Any, redis_client: Any) -> None:
+    r = await client.get("/readyz")
+    assert r.status_code == 503
+    facts = r.json()["facts"]
+    assert facts["postgres"]["ok"] and facts["redis"]["ok"] and not facts["readiness"]["ok"]
+    await write_readiness(svc)
+    r = await client.get("/readyz")
+    assert r.status_code == 200 and r.json()["ready"] is True
+    redis_client.set(READINESS_KEY, json.dumps({"worker": "w", "written_at": time.time() - 3600}))
+    r = await client.get("/readyz")
+    assert r.status_code == 503 and "stale" in r.json()["facts"]["readiness"]["detail"]
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A loopback port that accepts connections and never answers (a hung dependency)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    yield sock.getsockname()[1]
+    sock.close()
+
+
+@pytest.mark.parametrize("broken", ["postgres", "redis", "postgres-hangs", "redis-hangs"])
+async def test_readyz_names_the_failing_dependency(clean_db: None, silent_port: int, broken: str) -> None:
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    dead_port = closed.getsockname()[1]
+    closed.close()  # nothing listens here
+    port = silent_port if broken.endswith("hangs") else dead_port
+    overrides: dict[str, Any] = {}
+    if broken.startswith("postgres"):
+        overrides["database_url"] = f"postgresql+asyncpg://postgres@127.0.0.1:{port}/x"
+    else:
+        overrides["redis_url"] = f"redis://127.0.0.1:{port}/0"
+    bad = build_services(make_settings(api_keys=KEYS, **overrides), pool_size=1)
+    app = create_app(services=bad)
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            started = time.monotonic()
+            r = await c.get("/readyz")
+            elapsed = time.monotonic() - started
+        assert r.status_code == 503
+        facts = r.json()["facts"]
+        name = broken.split("-")[0]
+        assert facts[name]["ok"] is False and facts[name]["detail"]
+        assert elapsed < 2.0  # a protocol bound from the issue, not a performance target
+    finally:
+        await bad.close()
+
+
+async def test_metrics_exports_tasks_and_shared_counters(client: httpx.AsyncClient, svc: Any) -> None:
+    await post_task(client)
+    async with svc.engine.begin() as conn:
+        await conn.execute(text("UPDATE tasks SET created_at = clock_timestamp() - interval '90 seconds'"))
+    runtime_metrics.CLAIMS.inc(3)
+    runtime_metrics.LEASE_LOST.inc()
+    runtime_metrics.HANDLER_SECONDS.labels(task_type="diagnostics.noop").observe(0.5)
+    await runtime_metrics.flush(svc.redis)
+    r = await client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    text_ = r.text
+    assert 'dtask_tasks{status="pending",task_type="diagnostics.noop"} 1.0' in text_
+    assert "dtask_claims_total 3.0" in text_
+    assert "dtask_lease_lost_total 1.0" in text_
+    assert 'dtask_handler_seconds_bucket{le="1.0",task_type="diagnostics.noop"} 1.0' in text_
+    age = next(line for line in text_.splitlines() if line.startswith("dtask_oldest_pending_age_seconds "))
+    assert float(age.split()[1]) >= 89
+
+
+async def test_openapi_describes_every_route(client: httpx.AsyncClient) -> None:
+    doc = (await client.get("/openapi.json")).json()
+    paths = doc["paths"]
+    for path in ("/tasks", "/tasks/batch", "/tasks/summary", "/tasks/{task_id}", "/tasks/{task_id}/cancel",
+                 "/healthz", "/readyz", "/metrics"):
+        assert path in paths
+    assert "409" in paths["/tasks"]["post"]["responses"]
+    assert "202" in paths["/tasks/{task_id}/cancel"]["post"]["responses"]
