@@ -140,6 +140,19 @@ def api(
 
 
 @cli.command()
+def flower(
+    address: Annotated[str, typer.Option(help="interface (non-loopback needs DTASK_FLOWER_BASIC_AUTH)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 5555,
+    insecure_local: Annotated[bool, typer.Option(
+        "--insecure-local", help="development only: allow no DTASK_FLOWER_BASIC_AUTH on 127.0.0.1/localhost")] = False,
+) -> None:
+    """Run Flower, Celery's dashboard, behind DTASK_FLOWER_BASIC_AUTH, on the workers' broker."""
+    from tasks_core.flower import flower_command
+
+    flower_command(address, port, insecure_local)
+
+
+@cli.command()
 def submit(
     task_type: str,
     payload: Annotated[str, typer.Option(help="JSON object")] = "{}",
