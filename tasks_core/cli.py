@@ -324,11 +324,12 @@ def prune(older_than: Annotated[str, typer.Option("--older-than", help="e.g. 7d,
 def dev(
     data_dir: Annotated[str | None, typer.Option(help="embedded data (default .dtask)")] = None,
     api_port: Annotated[int, typer.Option()] = 8000,
+    flower_port: Annotated[int, typer.Option()] = 5555,
 ) -> None:
     """Run the whole system on embedded defaults (PostgreSQL and Redis from wheels) until Ctrl-C."""
     from tasks_core.dev import run_dev
 
-    sys.exit(run_dev(get_settings(), data_dir=data_dir, api_port=api_port))
+    sys.exit(run_dev(get_settings(), data_dir=data_dir, api_port=api_port, flower_port=flower_port))
 
 
 def main() -> None:

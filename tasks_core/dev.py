@@ -7,8 +7,8 @@ child processes, prints what runs where, and stops everything cleanly on Ctrl-C.
 
 from __future__ import annotations
 
-import importlib.util
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -24,7 +24,9 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "tasks_core.cli", *args]
 
 
-def run_dev(settings: Settings, *, data_dir: str | None = None, api_port: int = 8000) -> int:
+def run_dev(
+    settings: Settings, *, data_dir: str | None = None, api_port: int = 8000, flower_port: int = 5555
+) -> int:
     from tasks_core.embedded import EmbeddedPostgres, EmbeddedRedis, create_database
 
     root = Path(data_dir or settings.dev_dir).resolve()
@@ -45,15 +47,22 @@ def run_dev(settings: Settings, *, data_dir: str | None = None, api_port: int = 
             broker = redis.start()
             stops.append(("redis", redis))
         env.update(DTASK_DATABASE_URL=db_url, DTASK_BROKER_URL=broker, DTASK_REDIS_URL=settings.redis_url or broker)
+        api_key = None
+        if not settings.api_keys:
+            api_key = secrets.token_urlsafe(18)  # a key for this session only, printed below
+            env["DTASK_API_KEYS"] = f"dev:{api_key}:admin"
 
         subprocess.run(_cli("migrate"), env=env, check=True)
         children.append(("worker", subprocess.Popen(_cli("worker"), env=env)))
         children.append(("beat", subprocess.Popen(
             _cli("beat", "--schedule", str(root / "celerybeat-schedule")), env=env)))
-        if importlib.util.find_spec("app.main") is not None:
-            children.append(("api", subprocess.Popen(_cli("api", "--host", "127.0.0.1", "--port", str(api_port)),
-                                                     env=env)))
-        _banner(db_url, broker, root, api_port if len(children) > 2 else None)
+        children.append(("api", subprocess.Popen(
+            _cli("api", "--host", "127.0.0.1", "--port", str(api_port)), env=env)))
+        flower = _cli("flower", "--address", "127.0.0.1", "--port", str(flower_port))
+        if not settings.flower_basic_auth:
+            flower.append("--insecure-local")  # loopback only, dev only
+        children.append(("flower", subprocess.Popen(flower, env=env)))
+        _banner(db_url, broker, root, api_port, flower_port, api_key)
         return _supervise(children)
     except KeyboardInterrupt:
         return 0
@@ -85,18 +94,25 @@ def _ensure_database(admin_url: str, create: object) -> str:
     return admin_url.rsplit("/", 1)[0] + f"/{DEV_DATABASE}"
 
 
-def _banner(db_url: str, broker: str, root: Path, api_port: int | None) -> None:
+def _banner(
+    db_url: str, broker: str, root: Path, api_port: int, flower_port: int, api_key: str | None
+) -> None:
     lines = [
         "durable-tasks dev stack is running (Ctrl-C stops everything)",
         f"  PostgreSQL : {db_url}",
         f"  Redis      : {broker}",
         "  worker     : dtask worker (queues durable, duties)",
         "  beat       : dtask beat (publisher, reconciler)",
+        f"  API        : http://127.0.0.1:{api_port}  (OpenAPI at /docs)",
+        f"  Flower     : http://127.0.0.1:{flower_port}",
         f"  data dir   : {root}",
     ]
-    if api_port:
-        lines.append(f"  API        : http://127.0.0.1:{api_port}  (docs at /docs)")
-    lines.append('  try        : dtask submit diagnostics.sleep --payload \'{"seconds": 5, "steps": 5}\' --wait')
+    if api_key:
+        lines.append(f"  API key    : {api_key}  (admin, this session only; set DTASK_API_KEYS to choose)")
+    lines += [
+        f"  CLI env    : export DTASK_DATABASE_URL={db_url} DTASK_BROKER_URL={broker}",
+        '  try        : dtask submit diagnostics.sleep --payload \'{"seconds": 5, "steps": 5}\' --wait',
+    ]
     print("\n".join(lines), flush=True)
 
 
