@@ -37,6 +37,7 @@ ACTIVE_SQL = "('pending', 'running')"
 TERMINAL_SQL = "('success', 'failed', 'cancelled')"
 
 Row = Mapping[str, Any]
+Rows = list[Row]  # spelled once here: inside TaskRepository, `list` is the listing method
 
 
 class OwnershipLost(Exception):
@@ -87,6 +88,8 @@ class ReconcileReport:
     retried: int = 0
     legacy: int = 0
     unrunnable: int = 0
+    # Pending rows stranded with cancel intent (nothing would ever claim or publish them).
+    cancelled: int = 0
     hook_errors: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -307,7 +310,7 @@ class TaskRepository:
             ).mappings().first()
             if row is None:
                 raise OwnershipLost(str(task_id))
-            yield conn, row
+            yield conn, dict(row)
             # The row lock kept everyone else off the lease, so the value we locked still holds;
             # the block itself may have ended the lease (a terminal write clears it).
             still = (
@@ -450,8 +453,8 @@ class TaskRepository:
                 return None
             if row["status"] == Status.PENDING:
                 await self._converge(
-                    conn, row, Status.CANCELLED, {"code": "cancelled", "message": "cancelled before start"},
-                    hooks,
+                    conn, dict(row), Status.CANCELLED,
+                    {"code": "cancelled", "message": "cancelled before start"}, hooks,
                 )
                 await conn.execute(
                     text(f"UPDATE tasks SET cancel_requested_at = {NOW} WHERE id = :id"), self._p(id=task_id)
@@ -472,7 +475,9 @@ class TaskRepository:
         """Delete a terminal task: 'deleted', 'active' (refused), or None for an unknown id."""
         async with self.engine.begin() as conn:
             status = (
-                await conn.execute(text("SELECT status FROM tasks WHERE id = :id FOR UPDATE"), {"id": task_id})
+                await conn.execute(
+                    text("SELECT status FROM tasks WHERE id = :id FOR UPDATE"), {"id": task_id}
+                )
             ).scalar()
             if status is None:
                 return None
@@ -504,7 +509,8 @@ class TaskRepository:
     # ---------------------------------------------------------------- maintenance duties
 
     async def reconcile(self, registry: RunnableSource, *, batch: int, retry_delay: Any) -> ReconcileReport:
-        """Converge expired leases, legacy (v0) rows and expired rows nobody can run.
+        """Converge expired leases, legacy (v0) rows, expired rows nobody can run, and pending rows
+        that carry cancel intent (claim and publisher skip those, so only this finishes them).
 
         One transaction per task; rows locked elsewhere are skipped (SKIP LOCKED) so two
         reconcilers never fight; a task whose convergence fails is skipped for the rest of the run.
@@ -519,7 +525,8 @@ class TaskRepository:
                             f"""SELECT * FROM tasks
                             WHERE NOT (id = ANY(:skip)) AND (
                                 (status = 'running' AND lease_expires_at <= {NOW})
-                                OR (status IN {ACTIVE_SQL} AND handler_version = {LEGACY_VERSION}))
+                                OR (status IN {ACTIVE_SQL} AND handler_version = {LEGACY_VERSION})
+                                OR (status = 'pending' AND cancel_requested_at IS NOT NULL))
                             ORDER BY lease_expires_at NULLS FIRST LIMIT 1 FOR UPDATE SKIP LOCKED"""
                         ),
                         self._p(skip=skip),
@@ -529,7 +536,7 @@ class TaskRepository:
                     break
                 try:
                     async with conn.begin_nested():
-                        await self._reconcile_one(conn, row, registry, report, retry_delay)
+                        await self._reconcile_one(conn, dict(row), registry, report, retry_delay)
                 except Exception as exc:  # one bad task never blocks the rest
                     log.exception("reconciling task %s failed", row["id"])
                     report.errors.append(f"{row['id']}: {exc!r}")
@@ -541,13 +548,26 @@ class TaskRepository:
         retry_delay: Any,
     ) -> None:
         version = row["handler_version"]
+        cancel = row["cancel_requested_at"] is not None
         if version == LEGACY_VERSION:
-            ok = await self._converge(
-                conn, row, Status.FAILED,
-                {"code": "legacy_task", "message": "started before the durable runtime; resume explicitly"},
-                registry,
-            )
+            # The upgrade keeps old cancel intents: those tasks end as the user asked, cancelled.
+            if cancel:
+                status, error = Status.CANCELLED, {
+                    "code": "cancelled", "message": "cancel requested before the durable runtime"}
+            else:
+                status, error = Status.FAILED, {
+                    "code": "legacy_task", "message": "started before the durable runtime; resume explicitly"}
+            ok = await self._converge(conn, row, status, error, registry)
             report.legacy += 1
+        elif row["status"] == Status.PENDING:
+            # Pending with cancel intent (e.g. a retry-safe task handed back at worker shutdown just
+            # after cancel was requested): claims refuse it and the publisher skips it, so without
+            # this it would stay pending forever (I3). The hook source only serves runnable versions.
+            ok = await self._converge(
+                conn, row, Status.CANCELLED,
+                {"code": "cancelled", "message": "cancel requested while pending"}, registry,
+            )
+            report.cancelled += 1
         else:
             spec = registry.runnable(row["task_type"], version)
             if spec is None:
@@ -558,8 +578,10 @@ class TaskRepository:
                     None,
                 )
                 report.unrunnable += 1
-            elif spec.retry_safe and row["attempt_count"] < spec.max_attempts and not row["cancel_requested_at"]:
-                await self._to_pending(conn, row, outcome="lease_expired", delay=retry_delay(row["attempt_count"]))
+            elif spec.retry_safe and row["attempt_count"] < spec.max_attempts and not cancel:
+                await self._to_pending(
+                    conn, row, outcome="lease_expired", delay=retry_delay(row["attempt_count"])
+                )
                 report.retried += 1
                 return
             else:
@@ -581,7 +603,8 @@ class TaskRepository:
             rows = (
                 await conn.execute(
                     text(
-                        f"""SELECT * FROM tasks WHERE status = 'pending' AND handler_version <> {LEGACY_VERSION}
+                        f"""SELECT * FROM tasks
+                        WHERE status = 'pending' AND handler_version <> {LEGACY_VERSION}
                           AND (task_type, handler_version) NOT IN (
                               SELECT * FROM unnest(CAST(:types AS text[]), CAST(:versions AS int[])))
                         LIMIT :batch FOR UPDATE SKIP LOCKED"""
@@ -591,7 +614,7 @@ class TaskRepository:
             ).mappings().all()
             for row in rows:
                 await self._converge(
-                    conn, row, Status.FAILED,
+                    conn, dict(row), Status.FAILED,
                     {"code": "handler_unavailable",
                      "message": f"no handler for {row['task_type']} version {row['handler_version']}"},
                     None,
@@ -621,7 +644,8 @@ class TaskRepository:
                               AND (task_type, handler_version) IN (
                                   SELECT * FROM unnest(CAST(:types AS text[]), CAST(:versions AS int[])))
                             ORDER BY created_at, id LIMIT :limit FOR UPDATE SKIP LOCKED)
-                        UPDATE tasks t SET last_published_at = {NOW}, publish_error = NULL FROM due WHERE t.id = due.id
+                        UPDATE tasks t SET last_published_at = {NOW}, publish_error = NULL
+                        FROM due WHERE t.id = due.id
                         RETURNING t.id, t.created_at"""
                     ),
                     self._p(after=republish_after, limit=limit,
@@ -632,7 +656,9 @@ class TaskRepository:
 
     async def free_slots(self, capacity: int) -> int:
         async with self.engine.connect() as conn:
-            running = (await conn.execute(text("SELECT count(*) FROM tasks WHERE status = 'running'"))).scalar()
+            running = (
+                await conn.execute(text("SELECT count(*) FROM tasks WHERE status = 'running'"))
+            ).scalar()
         return max(0, capacity - int(running or 0))
 
     # ---------------------------------------------------------------- reads
@@ -661,7 +687,8 @@ class TaskRepository:
                         f"""SELECT CAST(:nb AS timestamptz) > {NOW} AS backoff,
                           (SELECT count(*) FROM tasks WHERE status = 'running') AS running,
                           (SELECT count(*) FROM tasks WHERE status = 'pending'
-                             AND (created_at, id) < (CAST(:created AS timestamptz), CAST(:id AS uuid))) AS ahead"""
+                             AND (created_at, id) < (CAST(:created AS timestamptz), CAST(:id AS uuid)))
+                            AS ahead"""
                     ),
                     self._p(nb=row["not_before"], created=row["created_at"], id=row["id"]),
                 )
@@ -675,11 +702,16 @@ class TaskRepository:
             return f"behind {facts['ahead']} older pending tasks"
         return "waiting for a worker"
 
-    async def summary(self) -> dict[str, Any]:
+    async def summary(self, owner: str | None = None) -> dict[str, Any]:
+        """Exact counts by status and by type (one owner's tasks, or all)."""
         async with self.engine.connect() as conn:
             rows = (
                 await conn.execute(
-                    text("SELECT task_type, status, count(*) FROM tasks GROUP BY task_type, status")
+                    text(
+                        """SELECT task_type, status, count(*) FROM tasks
+                        WHERE CAST(:owner AS text) IS NULL OR owner = :owner GROUP BY task_type, status"""
+                    ),
+                    {"owner": owner},
                 )
             ).all()
         by_status: dict[str, int] = {s.value: 0 for s in Status}
@@ -688,6 +720,20 @@ class TaskRepository:
             by_status[status] += count
             by_type.setdefault(task_type, {})[status] = count
         return {"total": sum(by_status.values()), "by_status": by_status, "by_type": by_type}
+
+    async def oldest_pending_age(self) -> float | None:
+        """Seconds since the oldest pending task was created (None when nothing waits)."""
+        async with self.engine.connect() as conn:
+            age = (
+                await conn.execute(
+                    text(
+                        f"""SELECT extract(epoch FROM {NOW} - min(created_at)) FROM tasks
+                        WHERE status = 'pending'"""
+                    ),
+                    self._p(),
+                )
+            ).scalar()
+        return None if age is None else float(age)
 
     async def list(
         self,
@@ -699,6 +745,8 @@ class TaskRepository:
         cursor: str | None = None,
     ) -> tuple[list[Row], str | None]:
         """Newest first, keyset-paged on (created_at, id): cost does not grow with the page number."""
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
         after = decode_cursor(cursor) if cursor else (None, None)
         async with self.engine.connect() as conn:
             rows = (
@@ -716,11 +764,11 @@ class TaskRepository:
                      "c_id": after[1], "limit": limit + 1},
                 )
             ).mappings().all()
-        items = [dict(r) for r in rows[:limit]]
+        items: list[Row] = [dict(r) for r in rows[:limit]]
         nxt = encode_cursor(items[-1]["created_at"], items[-1]["id"]) if len(rows) > limit else None
         return items, nxt
 
-    async def attempts(self, task_id: uuid.UUID) -> list[Row]:
+    async def attempts(self, task_id: uuid.UUID) -> Rows:
         async with self.engine.connect() as conn:
             rows = (
                 await conn.execute(
