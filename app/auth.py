@@ -34,7 +34,12 @@ def parse_api_keys(raw: str) -> list[_Key]:
         if not entry:
             continue
         parts = entry.split(":")
-        if len(parts) not in (2, 3) or not parts[0] or not parts[1] or (len(parts) == 3 and parts[2] != "admin"):
+        if (
+            len(parts) not in (2, 3)
+            or not parts[0]
+            or not parts[1]
+            or (len(parts) == 3 and parts[2] != "admin")
+        ):
             raise ValueError("DTASK_API_KEYS entries must be name:secret or name:secret:admin")
         keys.append(_Key(parts[0], parts[1].encode(), len(parts) == 3))
     if len({k.name for k in keys}) != len(keys):

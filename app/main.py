@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
-
-import math
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
@@ -56,8 +55,16 @@ class BodyLimit:
 
     async def _too_large(self, send: Send) -> None:
         body = b'{"detail":"request body too large"}'
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 

@@ -55,7 +55,9 @@ async def render_metrics(svc: Services) -> tuple[bytes, str]:
     return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
-def _histogram(hist: runtime_metrics.Histogram, by_name: dict[str, list[tuple[dict[str, str], float]]]) -> Any:
+def _histogram(
+    hist: runtime_metrics.Histogram, by_name: dict[str, list[tuple[dict[str, str], float]]]
+) -> Any:
     family = HistogramMetricFamily(hist.name, hist.doc, labels=list(hist.labelnames))
     series: defaultdict[tuple[str, ...], dict[str, Any]] = defaultdict(lambda: {"buckets": {}, "sum": 0.0})
     for labels, value in by_name.get(hist.name + "_bucket", []):

@@ -29,7 +29,9 @@ Svc = Annotated[Services, Depends(services)]
 
 
 def _intent(body: TaskIn) -> TaskIntent:
-    return TaskIntent(body.task_type, body.payload, body.handler_version, body.dedupe_key, body.timeout_seconds)
+    return TaskIntent(
+        body.task_type, body.payload, body.handler_version, body.dedupe_key, body.timeout_seconds
+    )
 
 
 def _invalid(exc: InvalidTask, prefix: tuple[Any, ...] = ("body",)) -> HTTPException:
@@ -49,7 +51,9 @@ async def _owned(svc: Services, task_id: uuid.UUID, caller: Principal) -> dict[s
 
 
 @router.post(
-    "", status_code=202, response_model=TaskOut,
+    "",
+    status_code=202,
+    response_model=TaskOut,
     responses={**AUTH, 409: {"model": Conflict, "description": "An active task holds the dedupe key"}},
 )
 async def submit_task(body: TaskIn, caller: Caller, svc: Svc) -> Any:
@@ -60,7 +64,10 @@ async def submit_task(body: TaskIn, caller: Caller, svc: Svc) -> Any:
     if result.duplicate_of is not None:
         return JSONResponse(
             status_code=409,
-            content={"detail": "an active task already holds this dedupe key", "task_id": str(result.duplicate_of)},
+            content={
+                "detail": "an active task already holds this dedupe key",
+                "task_id": str(result.duplicate_of),
+            },
         )
     return await _view(svc, await svc.repo.get(result.task_id) or {})
 
@@ -75,8 +82,15 @@ async def submit_batch(body: BatchIn, caller: Caller, svc: Svc) -> Any:
         if isinstance(outcome, InvalidTask):
             results.append({"error": {"code": "invalid", "field": outcome.field, "message": outcome.message}})
         elif outcome.duplicate_of is not None:
-            results.append({"error": {"code": "duplicate", "message": "an active task holds this dedupe key",
-                                      "task_id": outcome.duplicate_of}})
+            results.append(
+                {
+                    "error": {
+                        "code": "duplicate",
+                        "message": "an active task holds this dedupe key",
+                        "task_id": outcome.duplicate_of,
+                    }
+                }
+            )
         else:
             published = published and outcome.published
             results.append({"task": await _submitted_view(svc, outcome)})
@@ -120,9 +134,14 @@ async def get_task(task_id: uuid.UUID, caller: Caller, svc: Svc) -> Any:
 
 
 @router.post(
-    "/{task_id}/cancel", response_model=TaskOut,
-    responses={**AUTH, **NOT_FOUND, 202: {"model": TaskOut, "description": "Running: cancel requested"},
-               409: {"model": Message, "description": "Already finished"}},
+    "/{task_id}/cancel",
+    response_model=TaskOut,
+    responses={
+        **AUTH,
+        **NOT_FOUND,
+        202: {"model": TaskOut, "description": "Running: cancel requested"},
+        409: {"model": Message, "description": "Already finished"},
+    },
 )
 async def cancel_task(task_id: uuid.UUID, caller: Caller, svc: Svc, response: Response) -> Any:
     """Pending: cancelled now (200). Running: cancel requested, it stops at its next heartbeat (202)."""
@@ -137,7 +156,9 @@ async def cancel_task(task_id: uuid.UUID, caller: Caller, svc: Svc, response: Re
 
 
 @router.delete(
-    "/{task_id}", status_code=204, response_class=Response,
+    "/{task_id}",
+    status_code=204,
+    response_class=Response,
     responses={**AUTH, **NOT_FOUND, 409: {"model": Message, "description": "Task not finished"}},
 )
 async def delete_task(task_id: uuid.UUID, caller: Caller, svc: Svc) -> Response:

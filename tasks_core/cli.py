@@ -102,8 +102,18 @@ def worker(
     from tasks_core.celery_app import app
     from tasks_core.transport import DURABLE_QUEUE, DUTIES_QUEUE
 
-    argv = ["worker", "-Q", f"{DURABLE_QUEUE},{DUTIES_QUEUE}", "-c", str(concurrency or settings.concurrency),
-            "-P", pool, "-l", loglevel, "-E"]
+    argv = [
+        "worker",
+        "-Q",
+        f"{DURABLE_QUEUE},{DUTIES_QUEUE}",
+        "-c",
+        str(concurrency or settings.concurrency),
+        "-P",
+        pool,
+        "-l",
+        loglevel,
+        "-E",
+    ]
     if hostname:
         argv += ["-n", hostname]
     app.worker_main(argv)
@@ -141,10 +151,17 @@ def api(
 
 @cli.command()
 def flower(
-    address: Annotated[str, typer.Option(help="interface (non-loopback needs DTASK_FLOWER_BASIC_AUTH)")] = "127.0.0.1",
+    address: Annotated[
+        str, typer.Option(help="interface (non-loopback needs DTASK_FLOWER_BASIC_AUTH)")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 5555,
-    insecure_local: Annotated[bool, typer.Option(
-        "--insecure-local", help="development only: allow no DTASK_FLOWER_BASIC_AUTH on 127.0.0.1/localhost")] = False,
+    insecure_local: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-local",
+            help="development only: allow no DTASK_FLOWER_BASIC_AUTH on 127.0.0.1/localhost",
+        ),
+    ] = False,
 ) -> None:
     """Run Flower, Celery's dashboard, behind DTASK_FLOWER_BASIC_AUTH, on the workers' broker."""
     from tasks_core.flower import flower_command
@@ -175,8 +192,10 @@ def submit(
                 TaskIntent(task_type, body, dedupe_key=dedupe_key, timeout_seconds=timeout), owner="cli"
             )
             if result.duplicate_of is None and not result.published:
-                typer.echo(f"warning: not published yet ({result.publish_error}); "
-                           "the publisher will send it", err=True)
+                typer.echo(
+                    f"warning: not published yet ({result.publish_error}); the publisher will send it",
+                    err=True,
+                )
             return result
         finally:
             await services.close()
@@ -198,8 +217,13 @@ def _wait(task_id: uuid.UUID) -> int:
     async def go() -> dict[str, Any]:
         services = _services()
         try:
-            with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                          TimeElapsedColumn(), transient=False) as bar:
+            with Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.percentage:>3.0f}%"),
+                TimeElapsedColumn(),
+                transient=False,
+            ) as bar:
                 handle = bar.add_task("pending", total=100)
                 while True:
                     row = await services.repo.get(task_id)
@@ -260,7 +284,9 @@ def list_tasks(
     async def go() -> tuple[list[dict[str, Any]], str | None]:
         services = _services()
         try:
-            rows, nxt = await services.repo.list(status=status, task_type=task_type, limit=limit, cursor=cursor)
+            rows, nxt = await services.repo.list(
+                status=status, task_type=task_type, limit=limit, cursor=cursor
+            )
             return [task_view(r) for r in rows], nxt
         finally:
             await services.close()
@@ -273,7 +299,9 @@ def list_tasks(
         typer.echo(json.dumps({"items": items, "next_cursor": nxt}))
         return
     for t in items:
-        typer.echo(f"{t['id']}  {t['status']:<9} {t['progress']:>5.1f}%  {t['task_type']:<24} {t['created_at']}")
+        typer.echo(
+            f"{t['id']}  {t['status']:<9} {t['progress']:>5.1f}%  {t['task_type']:<24} {t['created_at']}"
+        )
     if nxt:
         typer.echo(f"next page: --cursor {nxt}")
 

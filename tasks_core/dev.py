@@ -46,7 +46,9 @@ def run_dev(
             redis = EmbeddedRedis(root / "redis")
             broker = redis.start()
             stops.append(("redis", redis))
-        env.update(DTASK_DATABASE_URL=db_url, DTASK_BROKER_URL=broker, DTASK_REDIS_URL=settings.redis_url or broker)
+        env.update(
+            DTASK_DATABASE_URL=db_url, DTASK_BROKER_URL=broker, DTASK_REDIS_URL=settings.redis_url or broker
+        )
         api_key = None
         if not settings.api_keys:
             api_key = secrets.token_urlsafe(18)  # a key for this session only, printed below
@@ -54,10 +56,12 @@ def run_dev(
 
         subprocess.run(_cli("migrate"), env=env, check=True)
         children.append(("worker", subprocess.Popen(_cli("worker"), env=env)))
-        children.append(("beat", subprocess.Popen(
-            _cli("beat", "--schedule", str(root / "celerybeat-schedule")), env=env)))
-        children.append(("api", subprocess.Popen(
-            _cli("api", "--host", "127.0.0.1", "--port", str(api_port)), env=env)))
+        children.append(
+            ("beat", subprocess.Popen(_cli("beat", "--schedule", str(root / "celerybeat-schedule")), env=env))
+        )
+        children.append(
+            ("api", subprocess.Popen(_cli("api", "--host", "127.0.0.1", "--port", str(api_port)), env=env))
+        )
         flower = _cli("flower", "--address", "127.0.0.1", "--port", str(flower_port))
         if not settings.flower_basic_auth:
             flower.append("--insecure-local")  # loopback only, dev only

@@ -28,7 +28,9 @@ def parse_field(field: str) -> tuple[str, dict[str, str]]:
 
 
 class Counter:
-    def __init__(self, name: str, doc: str, labelnames: tuple[str, ...] = (), labels: dict[str, str] | None = None):
+    def __init__(
+        self, name: str, doc: str, labelnames: tuple[str, ...] = (), labels: dict[str, str] | None = None
+    ):
         self.name, self.doc, self.labelnames = name, doc, labelnames
         self._labels = labels or {}
 
@@ -41,7 +43,11 @@ class Counter:
 
 class Histogram:
     def __init__(
-        self, name: str, doc: str, labelnames: tuple[str, ...] = (), buckets: tuple[float, ...] = (),
+        self,
+        name: str,
+        doc: str,
+        labelnames: tuple[str, ...] = (),
+        buckets: tuple[float, ...] = (),
         labels: dict[str, str] | None = None,
     ):
         self.name, self.doc, self.labelnames, self.buckets = name, doc, labelnames, buckets
@@ -66,7 +72,9 @@ RECONCILED = Counter("dtask_reconciled", "Tasks converged by the reconciler", ("
 PUBLISH_FAILURES = Counter("dtask_publish_failures", "Task ids that could not be published")
 PUBLISHED = Counter("dtask_published", "Task ids published", ("by",))
 HANDLER_SECONDS = Histogram(
-    "dtask_handler_seconds", "Handler run time", ("task_type",),
+    "dtask_handler_seconds",
+    "Handler run time",
+    ("task_type",),
     buckets=(0.01, 0.1, 1, 10, 60, 300, 1800, 3600, 4 * 3600, 24 * 3600, math.inf),
 )
 COUNTERS = (CLAIMS, CLAIM_REFUSED, LEASE_LOST, RECONCILED, PUBLISH_FAILURES, PUBLISHED)

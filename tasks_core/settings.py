@@ -96,8 +96,10 @@ class Settings(BaseSettings):
 
     def require_database(self) -> str:
         if not self.database_url:
-            raise SystemExit("DTASK_DATABASE_URL is not set (postgresql+asyncpg://user@host/db); "
-                             "`dtask dev` starts embedded servers when it is unset.")
+            raise SystemExit(
+                "DTASK_DATABASE_URL is not set (postgresql+asyncpg://user@host/db); "
+                "`dtask dev` starts embedded servers when it is unset."
+            )
         return self.database_url
 
     def require_broker(self) -> str:

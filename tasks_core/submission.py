@@ -65,7 +65,9 @@ def validate(intent: TaskIntent, registry: Registry, services_settings: Any, own
     if version is None:
         version = spec.version
     elif not isinstance(version, int) or isinstance(version, bool) or version != spec.version:
-        raise InvalidTask("handler_version", f"{intent.task_type} runs version {spec.version} only, not {version!r}")
+        raise InvalidTask(
+            "handler_version", f"{intent.task_type} runs version {spec.version} only, not {version!r}"
+        )
     if not isinstance(intent.payload, dict):
         raise InvalidTask("payload", "must be a JSON object")
     try:
@@ -85,8 +87,12 @@ def validate(intent: TaskIntent, registry: Registry, services_settings: Any, own
     if key is not None and (not isinstance(key, str) or not key or len(key) > s.max_dedupe_key_length):
         raise InvalidTask("dedupe_key", f"must be a string of 1-{s.max_dedupe_key_length} characters")
     return NewTask(
-        task_type=intent.task_type, handler_version=version, payload=intent.payload,
-        timeout_seconds=float(timeout), dedupe_key=key, owner=owner,
+        task_type=intent.task_type,
+        handler_version=version,
+        payload=intent.payload,
+        timeout_seconds=float(timeout),
+        dedupe_key=key,
+        owner=owner,
     )
 
 

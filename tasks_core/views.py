@@ -7,9 +7,23 @@ from datetime import datetime
 from typing import Any
 
 FIELDS = (
-    "id", "task_type", "handler_version", "status", "progress", "message", "result", "error",
-    "attempt_count", "cancel_requested", "dedupe_key", "timeout_seconds", "created_at", "started_at",
-    "finished_at", "lease_expires_at", "waiting_reason",
+    "id",
+    "task_type",
+    "handler_version",
+    "status",
+    "progress",
+    "message",
+    "result",
+    "error",
+    "attempt_count",
+    "cancel_requested",
+    "dedupe_key",
+    "timeout_seconds",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "lease_expires_at",
+    "waiting_reason",
 )
 
 

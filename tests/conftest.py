@@ -7,6 +7,7 @@ celeryconfig reads the test broker from the environment.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import tempfile
@@ -44,8 +45,11 @@ def pytest_configure(config: pytest.Config) -> None:
     broker = redis_base.rsplit("/", 1)[0] + f"/{index}"
     redis_sync.Redis.from_url(broker).flushdb()
     os.environ.update(
-        DTASK_DATABASE_URL=db_url, DTASK_BROKER_URL=broker, DTASK_REDIS_URL=broker,
-        DTASK_TEST_ADMIN_URL=admin, DTASK_TEST_SCRATCH=str(scratch),
+        DTASK_DATABASE_URL=db_url,
+        DTASK_BROKER_URL=broker,
+        DTASK_REDIS_URL=broker,
+        DTASK_TEST_ADMIN_URL=admin,
+        DTASK_TEST_SCRATCH=str(scratch),
     )
     os.environ.pop("DTASK_CAPACITY", None)
 
@@ -65,10 +69,8 @@ def _drop(admin: str, name: str) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     broker = os.environ.get("DTASK_BROKER_URL")
     if broker:
-        try:
+        with contextlib.suppress(redis_sync.RedisError):
             redis_sync.Redis.from_url(broker).flushdb()
-        except redis_sync.RedisError:
-            pass
     for fn in _cleanup:
         try:
             fn()
@@ -102,7 +104,9 @@ async def clean_db(database_url: str, redis_client: redis_sync.Redis) -> AsyncIt
     redis_client.flushdb()
     engine = make_engine(database_url, pool_size=1)
     async with engine.begin() as conn:
-        await conn.execute(text("TRUNCATE tasks, task_attempts, diagnostics_runs, diagnostics_effects CASCADE"))
+        await conn.execute(
+            text("TRUNCATE tasks, task_attempts, diagnostics_runs, diagnostics_effects CASCADE")
+        )
     await engine.dispose()
     yield
 

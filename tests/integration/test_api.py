@@ -28,8 +28,9 @@ ROOT = {"Authorization": "Bearer root-secret"}
 
 @pytest.fixture
 async def svc(clean_db: None) -> AsyncIterator[Any]:
-    services = build_services(make_settings(api_keys=KEYS, max_payload_bytes=2048, max_request_bytes=200_000),
-                              pool_size=5)
+    services = build_services(
+        make_settings(api_keys=KEYS, max_payload_bytes=2048, max_request_bytes=200_000), pool_size=5
+    )
     yield services
     await services.close()
 
@@ -41,7 +42,9 @@ async def client(svc: Any) -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
-async def post_task(client: httpx.AsyncClient, headers: dict[str, str] = ALICE, **body: Any) -> httpx.Response:
+async def post_task(
+    client: httpx.AsyncClient, headers: dict[str, str] = ALICE, **body: Any
+) -> httpx.Response:
     body.setdefault("task_type", "diagnostics.noop")
     return await client.post("/tasks", json=body, headers=headers)
 
@@ -52,8 +55,15 @@ async def total(svc: Any) -> int:
 
 async def test_every_route_but_health_needs_a_key(client: httpx.AsyncClient) -> None:
     tid = uuid.uuid4()
-    calls = [("POST", "/tasks"), ("POST", "/tasks/batch"), ("GET", "/tasks"), ("GET", "/tasks/summary"),
-             ("GET", f"/tasks/{tid}"), ("POST", f"/tasks/{tid}/cancel"), ("DELETE", f"/tasks/{tid}")]
+    calls = [
+        ("POST", "/tasks"),
+        ("POST", "/tasks/batch"),
+        ("GET", "/tasks"),
+        ("GET", "/tasks/summary"),
+        ("GET", f"/tasks/{tid}"),
+        ("POST", f"/tasks/{tid}/cancel"),
+        ("DELETE", f"/tasks/{tid}"),
+    ]
     for method, path in calls:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic alice-secret"}):
             r = await client.request(method, path, headers=headers, json={})
@@ -61,9 +71,12 @@ async def test_every_route_but_health_needs_a_key(client: httpx.AsyncClient) -> 
     assert (await client.get("/healthz")).status_code == 200
 
 
-async def test_submit_returns_the_task_and_publishes_it(client: httpx.AsyncClient, svc: Any, redis_client: Any) -> None:
-    r = await post_task(client, task_type="diagnostics.sleep", payload={"seconds": 1}, timeout_seconds=30,
-                        dedupe_key="k1")
+async def test_submit_returns_the_task_and_publishes_it(
+    client: httpx.AsyncClient, svc: Any, redis_client: Any
+) -> None:
+    r = await post_task(
+        client, task_type="diagnostics.sleep", payload={"seconds": 1}, timeout_seconds=30, dedupe_key="k1"
+    )
     assert r.status_code == 202
     task = r.json()
     assert task["status"] == "pending" and task["task_type"] == "diagnostics.sleep"
@@ -102,8 +115,9 @@ async def test_active_duplicate_is_409_with_the_holder(client: httpx.AsyncClient
         ({"surprise": 1}, "surprise"),
     ],
 )
-async def test_bad_input_is_422_and_stores_nothing(client: httpx.AsyncClient, svc: Any, body: dict[str, Any],
-                                                   field: str) -> None:
+async def test_bad_input_is_422_and_stores_nothing(
+    client: httpx.AsyncClient, svc: Any, body: dict[str, Any], field: str
+) -> None:
     r = await post_task(client, **body)
     assert r.status_code == 422, r.text
     assert any(field in map(str, err["loc"]) for err in r.json()["detail"]), r.json()
@@ -111,17 +125,22 @@ async def test_bad_input_is_422_and_stores_nothing(client: httpx.AsyncClient, sv
 
 
 async def test_non_finite_timeouts_are_422(client: httpx.AsyncClient, svc: Any) -> None:
-    for raw in ('{"task_type": "diagnostics.noop", "timeout_seconds": Infinity}',
-                '{"task_type": "diagnostics.noop", "timeout_seconds": NaN}',
-                '{"task_type": "diagnostics.noop", "timeout_seconds": 1e400}'):
+    for raw in (
+        '{"task_type": "diagnostics.noop", "timeout_seconds": Infinity}',
+        '{"task_type": "diagnostics.noop", "timeout_seconds": NaN}',
+        '{"task_type": "diagnostics.noop", "timeout_seconds": 1e400}',
+    ):
         r = await client.post("/tasks", content=raw, headers={**ALICE, "content-type": "application/json"})
         assert r.status_code == 422, raw
     assert await total(svc) == 0
 
 
 async def test_huge_request_body_is_refused_unread(client: httpx.AsyncClient, svc: Any) -> None:
-    r = await client.post("/tasks", content=b'{"payload": "' + b"x" * 300_000 + b'"}',
-                          headers={**ALICE, "content-type": "application/json"})
+    r = await client.post(
+        "/tasks",
+        content=b'{"payload": "' + b"x" * 300_000 + b'"}',
+        headers={**ALICE, "content-type": "application/json"},
+    )
     assert r.status_code == 413
     assert await total(svc) == 0
 
@@ -147,15 +166,18 @@ async def test_owners_are_isolated_and_admin_sees_all(client: httpx.AsyncClient)
     assert (await client.get(f"/tasks/{theirs}", headers=BOB)).json()["status"] == "pending"  # untouched
 
 
-async def test_batch_commits_valid_entries_and_reports_each_error(client: httpx.AsyncClient, svc: Any,
-                                                                  redis_client: Any) -> None:
+async def test_batch_commits_valid_entries_and_reports_each_error(
+    client: httpx.AsyncClient, svc: Any, redis_client: Any
+) -> None:
     holder = (await post_task(client, dedupe_key="taken")).json()["id"]
-    body = {"tasks": [
-        {"task_type": "diagnostics.noop", "payload": {"n": 1}},
-        {"task_type": "nope"},
-        {"task_type": "diagnostics.noop", "dedupe_key": "taken"},
-        {"task_type": "diagnostics.sleep", "payload": {"seconds": 0}},
-    ]}
+    body = {
+        "tasks": [
+            {"task_type": "diagnostics.noop", "payload": {"n": 1}},
+            {"task_type": "nope"},
+            {"task_type": "diagnostics.noop", "dedupe_key": "taken"},
+            {"task_type": "diagnostics.sleep", "payload": {"seconds": 0}},
+        ]
+    }
     r = await client.post("/tasks/batch", json=body, headers=ALICE)
     assert r.status_code == 202
     out = r.json()
@@ -163,8 +185,12 @@ async def test_batch_commits_valid_entries_and_reports_each_error(client: httpx.
     results = out["results"]
     assert results[0]["task"]["status"] == "pending"
     assert results[1]["error"]["code"] == "invalid" and results[1]["error"]["field"] == "task_type"
-    assert results[2]["error"] == {"code": "duplicate", "field": None,
-                                   "message": "an active task holds this dedupe key", "task_id": holder}
+    assert results[2]["error"] == {
+        "code": "duplicate",
+        "field": None,
+        "message": "an active task holds this dedupe key",
+        "task_id": holder,
+    }
     assert results[3]["task"]["task_type"] == "diagnostics.sleep"
     assert await total(svc) == 3
     assert redis_client.llen("durable") == 3
@@ -213,7 +239,9 @@ async def test_listing_pages_through_more_than_200_tasks(client: httpx.AsyncClie
             break
     assert len(seen) == 230 == len(set(seen))
     summary = (await client.get("/tasks/summary", headers=ALICE)).json()
-    assert summary["by_status"]["pending"] == 230 and summary["by_type"] == {"diagnostics.noop": {"pending": 230}}
+    assert summary["by_status"]["pending"] == 230 and summary["by_type"] == {
+        "diagnostics.noop": {"pending": 230}
+    }
     filtered = (await client.get("/tasks", params={"status": "success"}, headers=ALICE)).json()
     assert filtered == {"items": [], "next_cursor": None}
     assert (await client.get("/tasks", params={"cursor": "%%%"}, headers=ALICE)).status_code == 422
@@ -230,7 +258,9 @@ async def test_waiting_reason_names_a_publish_failure(client: httpx.AsyncClient,
 # ------------------------------------------------------------------ readiness
 
 
-async def test_readyz_needs_a_fresh_readiness_fact(client: httpx.AsyncClient, svc: Any, redis_client: Any) -> None:
+async def test_readyz_needs_a_fresh_readiness_fact(
+    client: httpx.AsyncClient, svc: Any, redis_client: Any
+) -> None:
     r = await client.get("/readyz")
     assert r.status_code == 503
     facts = r.json()["facts"]
@@ -285,6 +315,8 @@ async def test_metrics_exports_tasks_and_shared_counters(client: httpx.AsyncClie
     await post_task(client)
     async with svc.engine.begin() as conn:
         await conn.execute(text("UPDATE tasks SET created_at = clock_timestamp() - interval '90 seconds'"))
+    await runtime_metrics.flush(svc.redis)  # deltas left by earlier tests in this process...
+    await svc.redis.delete(runtime_metrics.METRICS_KEY)  # ...are not this test's
     runtime_metrics.CLAIMS.inc(3)
     runtime_metrics.LEASE_LOST.inc()
     runtime_metrics.HANDLER_SECONDS.labels(task_type="diagnostics.noop").observe(0.5)
@@ -303,8 +335,16 @@ async def test_metrics_exports_tasks_and_shared_counters(client: httpx.AsyncClie
 async def test_openapi_describes_every_route(client: httpx.AsyncClient) -> None:
     doc = (await client.get("/openapi.json")).json()
     paths = doc["paths"]
-    for path in ("/tasks", "/tasks/batch", "/tasks/summary", "/tasks/{task_id}", "/tasks/{task_id}/cancel",
-                 "/healthz", "/readyz", "/metrics"):
+    for path in (
+        "/tasks",
+        "/tasks/batch",
+        "/tasks/summary",
+        "/tasks/{task_id}",
+        "/tasks/{task_id}/cancel",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    ):
         assert path in paths
     assert "409" in paths["/tasks"]["post"]["responses"]
     assert "202" in paths["/tasks/{task_id}/cancel"]["post"]["responses"]

@@ -40,9 +40,23 @@ def test_dev_runs_the_whole_stack_on_embedded_services_and_stops_on_ctrl_c(tmp_p
     log = tmp_path / "dev.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tasks_core.cli", "dev", "--data-dir", str(tmp_path / "data"),
-             "--api-port", str(api_port), "--flower-port", str(flower_port)],
-            env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "tasks_core.cli",
+                "dev",
+                "--data-dir",
+                str(tmp_path / "data"),
+                "--api-port",
+                str(api_port),
+                "--flower-port",
+                str(flower_port),
+            ],
+            env=env,
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         key = _wait_line(log, r"API key    : (\S+)", proc, 90).group(1)
@@ -52,8 +66,11 @@ def test_dev_runs_the_whole_stack_on_embedded_services_and_stops_on_ctrl_c(tmp_p
         task = None
         while time.monotonic() < deadline and task is None:
             try:
-                r = httpx.post(f"{base}/tasks", headers=headers,
-                               json={"task_type": "diagnostics.sleep", "payload": {"seconds": 1, "steps": 2}})
+                r = httpx.post(
+                    f"{base}/tasks",
+                    headers=headers,
+                    json={"task_type": "diagnostics.sleep", "payload": {"seconds": 1, "steps": 2}},
+                )
                 task = r.json() if r.status_code == 202 else None
             except httpx.TransportError:
                 time.sleep(0.5)  # the API is still starting

@@ -28,7 +28,8 @@ from tests.handlers_for_tests import EVENTS, TEST_SPECS
 async def svc(clean_db: None) -> Any:
     services = build_services(
         make_settings(lease_seconds=1.5, shutdown_grace_seconds=0.3),
-        registry=Registry([*DIAGNOSTICS, *TEST_SPECS]), pool_size=10,
+        registry=Registry([*DIAGNOSTICS, *TEST_SPECS]),
+        pool_size=10,
     )
     yield services
     await services.close()
@@ -39,8 +40,8 @@ async def submit(svc: Any, task_type: str, payload: dict[str, Any] | None = None
     return result.task_id
 
 
-async def wait_for(svc: Any, task_id: uuid.UUID, status: str, timeout: float = 10) -> dict[str, Any]:
-    deadline = asyncio.get_running_loop().time() + timeout
+async def wait_for(svc: Any, task_id: uuid.UUID, status: str, within: float = 10) -> dict[str, Any]:
+    deadline = asyncio.get_running_loop().time() + within
     while True:
         row = await svc.repo.get(task_id)
         if row["status"] == status or asyncio.get_running_loop().time() > deadline:
@@ -50,9 +51,11 @@ async def wait_for(svc: Any, task_id: uuid.UUID, status: str, timeout: float = 1
 
 async def diagnostics_run(svc: Any, task_id: uuid.UUID) -> Any:
     async with svc.engine.connect() as conn:
-        return (await conn.execute(
-            text("SELECT status, hook FROM diagnostics_runs WHERE task_id = :id"), {"id": task_id}
-        )).first()
+        return (
+            await conn.execute(
+                text("SELECT status, hook FROM diagnostics_runs WHERE task_id = :id"), {"id": task_id}
+            )
+        ).first()
 
 
 async def test_progress_is_throttled_by_delta_but_every_new_message_is_persisted(svc: Any) -> None:
@@ -88,7 +91,9 @@ async def test_report_after_losing_the_lease_raises_and_writes_nothing(svc: Any)
     claim = await svc.repo.claim(task_id, svc.registry, capacity=4, lease_seconds=30)
     ctx = TaskContext(svc.repo, claim.task, claim.token, claim.attempt)
     async with svc.engine.begin() as conn:  # another attempt takes over
-        await conn.execute(text("UPDATE tasks SET attempt_token = gen_random_uuid() WHERE id = :id"), {"id": task_id})
+        await conn.execute(
+            text("UPDATE tasks SET attempt_token = gen_random_uuid() WHERE id = :id"), {"id": task_id}
+        )
     with pytest.raises(OwnershipLost):
         await ctx.report(50, "late")
     row = await svc.repo.get(task_id)
@@ -112,7 +117,9 @@ async def test_lost_heartbeat_cancels_the_handler_and_writes_nothing_more(svc: A
     await wait_for(svc, task_id, "running")
     thief = uuid.uuid4()
     async with svc.engine.begin() as conn:
-        await conn.execute(text("UPDATE tasks SET attempt_token = :t WHERE id = :id"), {"t": thief, "id": task_id})
+        await conn.execute(
+            text("UPDATE tasks SET attempt_token = :t WHERE id = :id"), {"t": thief, "id": task_id}
+        )
     stolen = await svc.repo.get(task_id)
     outcome = await asyncio.wait_for(runner, svc.settings.heartbeat_seconds * 3)
     assert outcome.status == "lost"
