@@ -2,7 +2,7 @@
 so each setting below is chosen to make the transport fast, boring and unable to hurt a task.
 """
 
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from tasks_core.settings import get_settings
 from tasks_core.transport import DURABLE_QUEUE, DUTIES_QUEUE
@@ -25,7 +25,13 @@ result_backend = None
 # Two queues: long durable work, and the short duties that recover it. Every worker consumes both,
 # and its concurrency (capacity + 2 by default) leaves children free for duties, so long tasks can
 # never starve the publisher or the reconciler.
-task_queues = (Queue(DURABLE_QUEUE), Queue(DUTIES_QUEUE))
+# Each queue has its own direct exchange and routing key. Bare Queue(name) objects are both bound to
+# the default exchange under the default key, so any message published by exchange and key (rather
+# than by queue name) was copied into both queues.
+task_queues = (
+    Queue(DURABLE_QUEUE, Exchange(DURABLE_QUEUE, type="direct"), routing_key=DURABLE_QUEUE),
+    Queue(DUTIES_QUEUE, Exchange(DUTIES_QUEUE, type="direct"), routing_key=DUTIES_QUEUE),
+)
 task_default_queue = DURABLE_QUEUE
 task_routes = {
     "dtask.run": {"queue": DURABLE_QUEUE},

@@ -8,6 +8,7 @@ on that loop, so a task's heartbeat runs beside its handler.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -16,8 +17,15 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from celery import Celery
-from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_shutting_down
+from celery.signals import (
+    beat_init,
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_shutting_down,
+)
 
+from tasks_core import metrics
 from tasks_core.runtime import ShutdownSignal
 
 log = logging.getLogger(__name__)
@@ -31,6 +39,10 @@ app.config_from_object("celeryconfig")
 CHILD_SHUTDOWN_SIGNAL = signal.SIGUSR2
 
 
+# The worker's Celery node name (``-n``), captured in the main process before the pool forks.
+_node_name: str | None = None
+
+
 class ProcessState:
     def __init__(self) -> None:
         from tasks_core.services import build_services
@@ -39,11 +51,23 @@ class ProcessState:
         self.pid = os.getpid()
         self.runner = asyncio.Runner()
         self.shutdown = ShutdownSignal()
-        # Connections are opened lazily, inside this process's loop.
-        self.services = build_services(get_settings(), pool_size=3)
+        # Connections are opened lazily, inside this process's loop. The attempts audit trail
+        # (and the readiness fact) name the exact worker process, not just the machine: several
+        # workers share a host, and operators must tell which one owned an attempt.
+        extra = {"worker_name": f"{_node_name}:{self.pid}"} if _node_name else None
+        self.services = build_services(get_settings(), pool_size=3, extra=extra)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self.runner.run(coro)
+        try:
+            return self.runner.run(coro)
+        finally:
+            self.runner.run(self._flush_metrics())
+
+    async def _flush_metrics(self) -> None:
+        try:
+            await metrics.flush(self.services.redis)
+        except Exception:  # metrics must never fail a task; the deltas wait for the next flush
+            log.warning("could not flush metrics to Redis", exc_info=True)
 
     def request_shutdown(self) -> None:
         self.runner.get_loop().call_soon_threadsafe(self.shutdown.set)
@@ -63,19 +87,37 @@ def process_state() -> ProcessState:
     if _state is None or _state.pid != os.getpid():
         _state = ProcessState()
         if _is_pool_child():
-            signal.signal(CHILD_SHUTDOWN_SIGNAL, lambda *_: _state and _state.request_shutdown())
+            signal.signal(CHILD_SHUTDOWN_SIGNAL, _on_child_shutdown_signal)
     return _state
+
+
+def _on_child_shutdown_signal(*_: Any) -> None:
+    if _state is not None:
+        _state.request_shutdown()
 
 
 def _is_pool_child() -> bool:
     from billiard.process import current_process
 
-    return current_process()._name != "MainProcess"
+    return bool(current_process()._name != "MainProcess")
 
 
 @worker_init.connect
-def _check_schema_on_start(**_: Any) -> None:
+def _check_schema_on_start(sender: Any = None, **_: Any) -> None:
     """Fail closed: a worker never runs against a schema it was not written for."""
+    global _node_name
+    _node_name = getattr(sender, "hostname", None)
+    _fail_closed_on_schema("dtask worker")
+
+
+@beat_init.connect
+def _check_schema_on_beat_start(**_: Any) -> None:
+    # `celery -A tasks_core.celery_app beat` bypasses `dtask beat`'s gate; design §7 wants beat to
+    # refuse a stale schema too, whichever command started it.
+    _fail_closed_on_schema("dtask beat")
+
+
+def _fail_closed_on_schema(process: str) -> None:
     from tasks_core.db import SchemaNotCurrent, check_schema, make_engine
     from tasks_core.settings import get_settings
 
@@ -89,7 +131,7 @@ def _check_schema_on_start(**_: Any) -> None:
     try:
         asyncio.run(check())
     except SchemaNotCurrent as exc:
-        print(f"dtask worker: {exc}", file=sys.stderr)
+        print(f"{process}: refusing to start: {exc}", file=sys.stderr, flush=True)
         os._exit(2)
 
 
@@ -115,10 +157,8 @@ def _on_shutting_down(**_: Any) -> None:
 
     for child in active_children():
         if child.pid:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, CHILD_SHUTDOWN_SIGNAL)
-            except ProcessLookupError:
-                pass
 
 
 @app.task(name="dtask.run", ignore_result=True)

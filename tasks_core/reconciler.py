@@ -25,10 +25,10 @@ async def reconcile(services: Services) -> ReconcileReport:
     report = await services.repo.reconcile(
         services.registry, batch=services.settings.reconcile_batch, retry_delay=retry_delay(services)
     )
-    for kind in ("failed", "retried", "legacy", "unrunnable", "hook_errors"):
+    for kind in ("failed", "retried", "cancelled", "legacy", "unrunnable", "hook_errors"):
         if getattr(report, kind):
             metrics.RECONCILED.labels(kind=kind).inc(getattr(report, kind))
-    if report.failed or report.retried or report.legacy or report.unrunnable:
+    if report.failed or report.retried or report.cancelled or report.legacy or report.unrunnable:
         await relay(services)  # converged tasks freed slots
     await write_readiness(services, report)
     return report

@@ -341,7 +341,9 @@ class TaskRepository:
             if status == Status.SUCCESS and row["cancel_requested_at"] is not None:
                 status, result = Status.CANCELLED, None
                 error = {"code": "cancelled", "message": "cancel requested"}
-            await self._terminal(conn, row, status, result=result, error=error, outcome=status.value)
+            # The attempt's outcome is the reason where there is one (timeout, handler_error, ...).
+            outcome = error["code"] if error else status.value
+            await self._terminal(conn, row, status, result=result, error=error, outcome=outcome)
             if hooks is not None:
                 await self._run_hook(conn, hooks, row, status)
         return status

@@ -11,8 +11,9 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from tasks_core import metrics
 from tasks_core.context import TaskCancelled, TaskContext
@@ -55,6 +56,13 @@ async def run_task(services: Services, raw_id: object, shutdown: ShutdownSignal 
     if task_id is None:
         log.warning("dropping malformed task message %r", raw_id)
         return RunOutcome(False, "malformed_message")
+    if shutdown is not None and shutdown.event.is_set():
+        # A message handed to this child just as the worker began its warm shutdown: claiming it
+        # now would only run it for the grace period and then fail it (worker_shutdown) or burn one
+        # of its retries. Leave the row pending; the message is already acknowledged, so the
+        # publisher (or another worker's relay) sends the id again to a worker that is staying.
+        log.info("task %s not claimed: this worker is shutting down", task_id)
+        return RunOutcome(False, "worker_shutting_down")
     s = services.settings
     claim = await services.repo.claim(
         task_id, services.registry, capacity=s.capacity, lease_seconds=s.lease_seconds,
@@ -87,7 +95,7 @@ class Execution:
         self.task_id: uuid.UUID = claim.task["id"]
         self.token = claim.token
         self.ctx = TaskContext(
-            services.repo, claim.task, claim.token, claim.attempt,
+            services.repo, dict(claim.task), claim.token, claim.attempt,
             progress_delta=services.settings.progress_delta,
         )
         self.stop_reason: str | None = None
@@ -106,7 +114,9 @@ class Execution:
         handler = self.services.registry.handler(self.spec)
         loop = asyncio.get_running_loop()
         started = time.monotonic()
-        self._handler_task = asyncio.create_task(handler(self.ctx), name=f"handler-{self.task_id}")
+        self._handler_task = asyncio.create_task(
+            cast(Coroutine[Any, Any, Any], handler(self.ctx)), name=f"handler-{self.task_id}"
+        )
         guards = [
             asyncio.create_task(self._heartbeat(), name="heartbeat"),
             asyncio.create_task(self._watch_shutdown(), name="shutdown-watch"),
@@ -165,7 +175,9 @@ class Execution:
             return await self._finish(Status.CANCELLED, error=_err("cancelled", "cancelled on request"))
         if reason == "timeout":
             timeout = self.claim.task["timeout_seconds"]
-            return await self._finish(Status.FAILED, error=_err("timeout", f"exceeded its {timeout:g} s timeout"))
+            return await self._finish(
+                Status.FAILED, error=_err("timeout", f"exceeded its {timeout:g} s timeout")
+            )
         if reason == "worker_shutdown":
             return await self._shutdown_outcome()
         assert exc is not None
@@ -173,6 +185,8 @@ class Execution:
         return await self._finish(Status.FAILED, error=_err("handler_error", f"{type(exc).__name__}: {exc}"))
 
     async def _shutdown_outcome(self) -> str:
+        # A hand-back that races a cancel request leaves a pending row with cancel intent; the
+        # reconciler ends it `cancelled` (with its hook) on its next run.
         if self.spec.retry_safe and self.claim.attempt < self.spec.max_attempts:
             if await self.repo.release(self.task_id, self.token, outcome="worker_shutdown", delay=0):
                 return Status.PENDING.value
@@ -181,7 +195,9 @@ class Execution:
             Status.FAILED, error=_err("worker_shutdown", "the worker stopped before the task finished")
         )
 
-    async def _finish(self, status: Status, *, result: Any = None, error: dict[str, str] | None = None) -> str:
+    async def _finish(
+        self, status: Status, *, result: Any = None, error: dict[str, str] | None = None
+    ) -> str:
         """The terminal transaction with its hook. If that fails (a hook raised, the result is not
         JSON), the task still ends: failed with the failure hook, and if even that hook raises,
         failed without it, so a broken hook can never leave a task running."""
@@ -204,9 +220,13 @@ class Execution:
         except OwnershipLost:
             return self._lost()
 
-    async def _terminal(self, status: Status, result: Any, error: dict[str, str] | None, *, hooks: bool) -> str:
+    async def _terminal(
+        self, status: Status, result: Any, error: dict[str, str] | None, *, hooks: bool
+    ) -> str:
         registry = self.services.registry if hooks else None
-        final = await self.repo.finish(self.task_id, self.token, registry, status=status, result=result, error=error)
+        final = await self.repo.finish(
+            self.task_id, self.token, registry, status=status, result=result, error=error
+        )
         return final.value
 
     def _lost(self) -> str:

@@ -1,0 +1,11 @@
+"""Task types only the system tests' workers register (through DTASK_EXTRA_TASK_MODULES)."""
+
+from tasks_core.registry import TaskSpec
+
+SPECS = (
+    # diagnostics.sleep declared retry-safe: its only effects are fenced writes of its own rows.
+    TaskSpec(
+        "system.retry_safe_sleep", "domains.diagnostics.handlers:sleep", retry_safe=True, max_attempts=2,
+        on_success="domains.diagnostics.hooks:on_success", on_failure="domains.diagnostics.hooks:on_failure",
+    ),
+)
