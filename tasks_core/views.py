@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 FIELDS = (
@@ -28,7 +28,8 @@ FIELDS = (
 
 
 def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
+    # The same form the HTTP API serializes (UTC, "Z"), so `dtask show --json` matches it exactly.
+    return None if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def task_view(row: Mapping[str, Any], waiting_reason: str | None = None) -> dict[str, Any]:
