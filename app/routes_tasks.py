@@ -9,7 +9,18 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response,
 from fastapi.responses import JSONResponse
 
 from app.auth import Principal, principal
-from app.schemas import BatchIn, BatchOut, Conflict, Message, Status, Summary, TaskIn, TaskOut, TaskPage
+from app.schemas import (
+    NO_NUL,
+    BatchIn,
+    BatchOut,
+    Conflict,
+    Message,
+    Status,
+    Summary,
+    TaskIn,
+    TaskOut,
+    TaskPage,
+)
 from tasks_core.services import Services
 from tasks_core.submission import InvalidTask, Submitted, Submitter, TaskIntent
 from tasks_core.views import task_view
@@ -114,9 +125,9 @@ async def list_tasks(
     caller: Caller,
     svc: Svc,
     status_: Annotated[Status | None, Query(alias="status")] = None,
-    task_type: Annotated[str | None, Query(max_length=200)] = None,
+    task_type: Annotated[str | None, Query(max_length=200, pattern=NO_NUL)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(max_length=500)] = None,
+    cursor: Annotated[str | None, Query(max_length=500, pattern=NO_NUL)] = None,
 ) -> Any:
     """Newest first, keyset-paged: pass `next_cursor` back as `cursor`."""
     try:

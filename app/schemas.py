@@ -8,16 +8,21 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# PostgreSQL text cannot hold U+0000: refuse it at the edge instead of failing in the database.
+NO_NUL = r"^[^\x00]*$"
+
 Status = Literal["pending", "running", "success", "failed", "cancelled"]
 
 
 class TaskIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    task_type: Annotated[str, Field(min_length=1, max_length=200, examples=["diagnostics.sleep"])]
+    task_type: Annotated[
+        str, Field(min_length=1, max_length=200, pattern=NO_NUL, examples=["diagnostics.sleep"])
+    ]
     payload: Annotated[dict[str, Any], Field(default_factory=dict, examples=[{"seconds": 10, "steps": 10}])]
     handler_version: Annotated[int | None, Field(strict=True, ge=0)] = None
-    dedupe_key: Annotated[str | None, Field(min_length=1)] = None
+    dedupe_key: Annotated[str | None, Field(min_length=1, pattern=NO_NUL)] = None
     timeout_seconds: Annotated[float | None, Field(gt=0, allow_inf_nan=False)] = None
 
 

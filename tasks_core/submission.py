@@ -50,6 +50,17 @@ class Submitted:
     publish_error: str | None = None
 
 
+def _has_nul(value: Any) -> bool:
+    """PostgreSQL text and jsonb cannot store U+0000."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -76,6 +87,8 @@ def validate(intent: TaskIntent, registry: Registry, services_settings: Any, own
         raise InvalidTask("payload", f"not JSON-serializable: {exc}") from exc
     if size > s.max_payload_bytes:
         raise InvalidTask("payload", f"{size} bytes is over the {s.max_payload_bytes}-byte limit")
+    if _has_nul(intent.payload):
+        raise InvalidTask("payload", "strings may not contain U+0000 (PostgreSQL cannot store it)")
     timeout = intent.timeout_seconds
     if timeout is None:
         timeout = min(spec.timeout_seconds or s.default_timeout_seconds, s.max_timeout_seconds)
@@ -84,8 +97,10 @@ def validate(intent: TaskIntent, registry: Registry, services_settings: Any, own
     elif timeout > s.max_timeout_seconds:
         raise InvalidTask("timeout_seconds", f"must be at most {s.max_timeout_seconds:g} s")
     key = intent.dedupe_key
-    if key is not None and (not isinstance(key, str) or not key or len(key) > s.max_dedupe_key_length):
-        raise InvalidTask("dedupe_key", f"must be a string of 1-{s.max_dedupe_key_length} characters")
+    if key is not None and (
+        not isinstance(key, str) or not key or len(key) > s.max_dedupe_key_length or "\x00" in key
+    ):
+        raise InvalidTask("dedupe_key", f"must be a string of 1-{s.max_dedupe_key_length} characters, without U+0000")
     return NewTask(
         task_type=intent.task_type,
         handler_version=version,

@@ -113,6 +113,9 @@ async def test_active_duplicate_is_409_with_the_holder(client: httpx.AsyncClient
         ({"dedupe_key": ""}, "dedupe_key"),
         ({"task_type": 5}, "task_type"),
         ({"surprise": 1}, "surprise"),
+        ({"payload": {"text": "nul \u0000 byte"}}, "payload"),
+        ({"payload": {"nul \u0000 key": 1}}, "payload"),
+        ({"dedupe_key": "a\u0000b"}, "dedupe_key"),
     ],
 )
 async def test_bad_input_is_422_and_stores_nothing(
@@ -246,6 +249,7 @@ async def test_listing_pages_through_more_than_200_tasks(client: httpx.AsyncClie
     assert filtered == {"items": [], "next_cursor": None}
     assert (await client.get("/tasks", params={"cursor": "%%%"}, headers=ALICE)).status_code == 422
     assert (await client.get("/tasks", params={"status": "bogus"}, headers=ALICE)).status_code == 422
+    assert (await client.get("/tasks", params={"task_type": "a\x00b"}, headers=ALICE)).status_code == 422
 
 
 async def test_waiting_reason_names_a_publish_failure(client: httpx.AsyncClient, svc: Any) -> None:
