@@ -360,6 +360,11 @@ def dev(
     sys.exit(run_dev(get_settings(), data_dir=data_dir, api_port=api_port, flower_port=flower_port))
 
 
+from tasks_core.bench.cli import bench_app  # noqa: E402  (typer sub-app; imports nothing heavy)
+
+cli.add_typer(bench_app, name="bench")
+
+
 def main() -> None:
     cli()
 

@@ -100,7 +100,9 @@ def validate(intent: TaskIntent, registry: Registry, services_settings: Any, own
     if key is not None and (
         not isinstance(key, str) or not key or len(key) > s.max_dedupe_key_length or "\x00" in key
     ):
-        raise InvalidTask("dedupe_key", f"must be a string of 1-{s.max_dedupe_key_length} characters, without U+0000")
+        raise InvalidTask(
+            "dedupe_key", f"must be a string of 1-{s.max_dedupe_key_length} characters, without U+0000"
+        )
     return NewTask(
         task_type=intent.task_type,
         handler_version=version,

@@ -1,0 +1,163 @@
+"""`dtask bench latency`: how long a submitted no-op waits before it runs.
+
+Submit-to-running is ``started_at - created_at`` of the row (both PostgreSQL's clock; ``created_at``
+is the insert, so the commit, the publish, the broker hop and the claim are all inside it);
+submit-to-terminal is ``finished_at - created_at``. Variants, in alternating rounds:
+
+- ``idle``: nothing else runs; one no-op at a time.
+- ``busy``: capacity - 1 long ``diagnostics.sleep`` tasks hold pool children and slots, one slot is
+  free; one no-op at a time. Shows that nothing waits behind a long task (no prefetch).
+- ``saturated``: the whole capacity is full of ``diagnostics.sleep`` tasks of S seconds; then the
+  no-ops are submitted together and WAIT FOR A FREE SLOT (their claim is refused, the relay hands
+  them the slots when the sleeps end). This is capacity queueing by design, not transport delay:
+  expect about S.
+
+Each round starts a fresh worker (so leftover sleeps never leak into the next round) and warms it up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import text
+
+from tasks_core.bench.common import (
+    BenchEnv,
+    CommonOptions,
+    durable_services,
+    effective_settings,
+    public_options,
+    reset_tables,
+    seconds,
+    submit,
+    wait_running,
+    wait_terminal,
+)
+from tasks_core.bench.report import Document, Rounds, alternate, ratio, summarize
+
+NOOP = "diagnostics.noop"
+SLEEP = "diagnostics.sleep"
+# Longer than any round: busy-variant sleeps are ended by killing the round's worker.
+LONG_SLEEP = {"seconds": 24 * 3600, "steps": 24 * 3600}
+
+
+@dataclass
+class LatencyOptions(CommonOptions):
+    samples: int = 200
+    capacity: int = 4
+    concurrency: int = 6
+    warmup: int = 20
+    saturated_sleep: float = 5.0
+    stall_seconds: float = 60.0
+
+
+QUICK = {"samples": 5, "warmup": 4, "saturated_sleep": 1.0, "rounds": 1, "concurrency": 3, "capacity": 2,
+         "stall_seconds": 30.0}
+
+
+def run(opts: LatencyOptions) -> dict[str, Any]:
+    if opts.capacity < 2:
+        raise ValueError("--capacity must be at least 2 (the busy variant leaves one slot free)")
+    return asyncio.run(_run(opts))
+
+
+async def _run(opts: LatencyOptions) -> dict[str, Any]:
+    busy = opts.capacity - 1
+    variants = {
+        "idle": "no other task; one no-op at a time",
+        "busy": f"{busy} long diagnostics.sleep running, one slot free; one no-op at a time",
+        "saturated": (
+            f"capacity ({opts.capacity}) full of {opts.saturated_sleep:g} s diagnostics.sleep; no-ops "
+            "submitted together WAIT FOR A FREE SLOT (capacity queueing, not transport delay)"
+        ),
+    }
+    doc = Document("latency", public_options(opts), quick=opts.quick)
+    rounds = Rounds(variants)
+    pooled: dict[str, dict[str, list[float]]] = {v: {"running": [], "terminal": []} for v in variants}
+    async with BenchEnv("latency", opts) as env:
+        db_url = await env.create_database("latency")
+        services = durable_services(env, db_url, capacity=opts.capacity)
+        settings = env.dtask_settings(db_url, capacity=opts.capacity, worker_concurrency=opts.concurrency)
+        doc.settings.update(worker_env=effective_settings(settings), celery=env.celery_settings())
+        try:
+            for round_no, seq, name in alternate(list(variants), opts.rounds):
+                data, running, terminal = await _round(env, services, settings, opts, name)
+                pooled[name]["running"] += running
+                pooled[name]["terminal"] += terminal
+                rounds.add(name, round_no, seq, data)
+        finally:
+            await services.close()
+    for name in variants:
+        rounds.extra[name]["pooled"] = {
+            "submit_to_running_ms": summarize(pooled[name]["running"]),
+            "submit_to_terminal_ms": summarize(pooled[name]["terminal"]),
+        }
+    doc.data["variants"] = rounds.to_json()
+    idle = rounds.extra["idle"]["pooled"]["submit_to_running_ms"].get("p50")
+    for name in ("busy", "saturated"):
+        p50 = rounds.extra[name]["pooled"]["submit_to_running_ms"].get("p50")
+        doc.data["ratios"][f"{name} / idle (submit-to-running p50)"] = ratio(p50, idle)
+    rows = []
+    for name in variants:
+        run_ms = rounds.extra[name]["pooled"]["submit_to_running_ms"]
+        end_ms = rounds.extra[name]["pooled"]["submit_to_terminal_ms"]
+        rows.append([name, run_ms.get("p50"), run_ms.get("p99"), end_ms.get("p50"), end_ms.get("p99"),
+                     run_ms.get("n")])
+    columns = ["variant", "to running p50", "to running p99", "to terminal p50", "to terminal p99", "samples"]
+    doc.table("latency (ms, pooled over rounds)", columns, rows)
+    doc.note(f"saturated = waiting for one of {opts.capacity} slots held by {opts.saturated_sleep:g} s "
+             "sleeps; compare it with the sleep length, not with idle")
+    return doc.finish()
+
+
+async def _round(
+    env: BenchEnv, services: Any, settings: dict[str, str], opts: LatencyOptions, variant: str
+) -> tuple[dict[str, Any], list[float], list[float]]:
+    engine = services.engine
+    env.clear_queues()
+    await reset_tables(engine)
+    proc = env.start_worker("worker", settings, concurrency=opts.concurrency)
+    try:
+        startup = await env.wait_ready(proc)
+        if opts.warmup:
+            # A burst, so most pool children connect and import before the first sample.
+            await submit(services, NOOP, [{}] * opts.warmup)
+            await wait_terminal(env, engine, opts.warmup, procs=[proc], stall_seconds=opts.stall_seconds)
+        within = opts.stall_seconds
+        if variant == "busy":
+            sleeps = await submit(services, SLEEP, [LONG_SLEEP] * (opts.capacity - 1))
+            await wait_running(env, engine, sleeps, procs=[proc], within=within)
+        elif variant == "saturated":
+            payload = {"seconds": opts.saturated_sleep, "steps": 1}
+            sleeps = await submit(services, SLEEP, [payload] * opts.capacity)
+            await wait_running(env, engine, sleeps, procs=[proc], within=within)
+        ids = []
+        if variant == "saturated":
+            ids = await submit(services, NOOP, [{}] * opts.samples)
+            await wait_terminal(env, engine, len(ids), procs=[proc], ids=ids, interval=0.02,
+                                stall_seconds=within + opts.saturated_sleep)
+        else:
+            for _ in range(opts.samples):
+                ids += await submit(services, NOOP, [{}])
+                await wait_terminal(env, engine, 1, procs=[proc], stall_seconds=within, ids=ids[-1:],
+                                    interval=0.005)
+    finally:
+        env.kill(proc)
+    async with engine.connect() as conn:
+        rows = (await conn.execute(
+            text("SELECT created_at, started_at, finished_at, status FROM tasks WHERE id = ANY(:ids)"),
+            {"ids": ids},
+        )).mappings().all()
+    running = [seconds(r["started_at"] - r["created_at"]) * 1000 for r in rows]
+    terminal = [seconds(r["finished_at"] - r["created_at"]) * 1000 for r in rows]
+    run_s, end_s = summarize(running), summarize(terminal)
+    data = {
+        "samples": len(rows),
+        "succeeded": sum(r["status"] == "success" for r in rows),
+        "to_running_p50_ms": run_s["p50"], "to_running_p99_ms": run_s["p99"],
+        "to_terminal_p50_ms": end_s["p50"], "to_terminal_p99_ms": end_s["p99"],
+        "worker_startup_seconds": startup,
+    }
+    return data, running, terminal

@@ -1,0 +1,169 @@
+"""Every `dtask bench` workload, tiny (`--quick`), end to end, so none of them can rot.
+
+These check that each workload runs its variants, cleans up, and writes a result with the agreed
+shape and positive numbers; they assert nothing about performance. Each spawns real worker
+processes against a temporary database on the session's PostgreSQL (DTASK_TEST_ADMIN_URL) and a
+private embedded Redis, so a concurrent test session's Redis DB indices are never touched.
+The full-size runs are `dtask bench WORKLOAD` without `--quick` (see docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from tasks_core.bench.cli import bench_app
+
+EXPECTED_VARIANTS = {
+    # Quick throughput: capacity 2 and capacity = concurrency 3; pgbench with 1 and 3 clients.
+    "throughput": {"durable-cap2", "durable-cap3", "plain-celery", "pgbench-c1", "pgbench-c3"},
+    "latency": {"idle", "busy", "saturated"},
+    "recovery": {"kill-worker", "kill-child"},
+    "scale": {"small", "large"},
+    "soak": {"durable", "plain-celery"},
+}
+# The headline number of each variant (a median across rounds) that must be positive.
+HEADLINE = {
+    "throughput": ["tasks_per_s"],
+    "latency": ["to_running_p50_ms", "to_running_p99_ms", "to_terminal_p50_ms"],
+    "recovery": ["p50_recovery_seconds", "max_recovery_seconds", "bound_seconds"],
+    "scale": [f"{op}_median_ms" for op in ("insert", "claim", "finish", "publish", "summary")],
+    "soak": ["rss_start_mb", "rss_end_mb", "tasks_per_s"],
+}
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from tasks_core.embedded import EmbeddedRedis
+
+    server = EmbeddedRedis(tmp_path_factory.mktemp("bench-redis"))
+    url = server.start()
+    try:
+        yield url.rsplit("/", 1)[0]
+    finally:
+        server.stop()
+
+
+def _root() -> typer.Typer:
+    # Mounted exactly as the main CLI mounts it.
+    root = typer.Typer()
+    root.callback()(lambda: None)
+    root.add_typer(bench_app, name="bench")
+    return root
+
+
+def run_bench(workload: str, tmp_path: Path, redis_url: str, *extra: str) -> dict[str, Any]:
+    out = tmp_path / f"{workload}.json"
+    result = CliRunner().invoke(
+        _root(), ["bench", workload, "--quick", "--out", str(out), "--redis-url", redis_url, *extra]
+    )
+    assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+    assert f"result: {out}" in result.output
+    data: dict[str, Any] = json.loads(out.read_text())
+    return data
+
+
+def check_shape(data: dict[str, Any], workload: str) -> None:
+    assert data["workload"] == workload
+    assert data["quick"] is True
+    assert data["machine"]["cpu_count"] == os.cpu_count()
+    assert data["elapsed_seconds"] > 0
+    assert data["settings"]["rounds"] == 1
+    assert set(data["variants"]) == EXPECTED_VARIANTS[workload]
+    for name, variant in data["variants"].items():
+        assert variant["description"]
+        assert len(variant["rounds"]) == 1, name
+        for key in HEADLINE[workload]:
+            assert variant["median"][key] > 0, (name, key, variant["median"])
+    assert data["ratios"]
+    for name, value in data["ratios"].items():
+        assert isinstance(value, int | float) and value > 0, (name, value)
+    table = data["table"]
+    assert table["columns"] and len(table["rows"]) >= 2
+
+
+@pytest.mark.system
+def test_throughput(tmp_path: Path, redis_url: str) -> None:
+    data = run_bench("throughput", tmp_path, redis_url)
+    check_shape(data, "throughput")
+    durable = data["variants"]["durable-cap2"]["rounds"][0]
+    assert durable["succeeded"] == durable["tasks"] == data["settings"]["tasks"]
+    assert data["settings"]["worker_settings"]["durable-cap2"]["env"]["capacity"] == 2
+    assert data["settings"]["celery"]["worker_disable_prefetch"] is True
+
+
+@pytest.mark.system
+def test_latency(tmp_path: Path, redis_url: str) -> None:
+    data = run_bench("latency", tmp_path, redis_url)
+    check_shape(data, "latency")
+    for variant in data["variants"].values():
+        pooled = variant["pooled"]["submit_to_running_ms"]
+        assert pooled["n"] == data["settings"]["samples"]
+        assert 0 < pooled["p50"] <= pooled["p99"]
+        assert variant["rounds"][0]["succeeded"] == pooled["n"]
+
+
+@pytest.mark.system
+def test_recovery(tmp_path: Path, redis_url: str) -> None:
+    data = run_bench("recovery", tmp_path, redis_url)
+    check_shape(data, "recovery")
+    settings = data["settings"]
+    assert settings["bound_seconds"] == settings["lease_seconds"] + settings["reconcile_seconds"]
+    worker = data["variants"]["kill-worker"]["rounds"][0]
+    assert worker["tasks_killed"] == data["settings"]["tasks"]
+    assert data["variants"]["kill-child"]["rounds"][0]["tasks_killed"] == 1
+    for variant in data["variants"].values():
+        assert variant["rounds"][0]["outcomes"] == ["failed:lease_expired"]
+
+
+def test_scale(tmp_path: Path, redis_url: str) -> None:
+    data = run_bench("scale", tmp_path, redis_url)
+    check_shape(data, "scale")
+    for name in ("small", "large"):
+        assert data["variants"][name]["load_seconds"] > 0
+        assert data["variants"][name]["pooled_ms"]["claim"]["n"] == data["settings"]["ops"]
+
+
+@pytest.mark.system
+def test_soak(tmp_path: Path, redis_url: str) -> None:
+    data = run_bench("soak", tmp_path, redis_url)
+    check_shape(data, "soak")
+    for variant in data["variants"].values():
+        series = variant["series"][0]
+        assert series and series[-1]["done"] == data["settings"]["tasks"]
+        assert all(s["rss_kb"] > 0 and s["processes"] > 1 for s in series)
+
+
+def test_refuses_a_redis_db_in_use(tmp_path: Path, redis_url: str) -> None:
+    """Someone else's keys in the chosen DB index stop the run before anything is created."""
+    import redis
+
+    client = redis.Redis.from_url(f"{redis_url}/12")
+    client.set("someone-else", "1")
+    try:
+        result = CliRunner().invoke(_root(), ["bench", "scale", "--quick", "--out", str(tmp_path / "x.json"),
+                                              "--redis-url", redis_url, "--redis-db", "12"])
+        assert result.exit_code == 1
+        assert "holds 1 keys" in result.output
+        assert client.get("someone-else") == b"1"
+        assert not (tmp_path / "x.json").exists()
+    finally:
+        client.flushdb()
+        client.close()
+
+
+@pytest.mark.benchmark
+@pytest.mark.parametrize("workload", sorted(EXPECTED_VARIANTS))
+def test_full_size(workload: str, tmp_path: Path) -> None:
+    """The real benchmark (minutes each; `pytest -m benchmark`), on the machine's Redis DB 13."""
+    out = tmp_path / f"{workload}.json"
+    result = CliRunner().invoke(_root(), ["bench", workload, "--out", str(out)])
+    assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+    assert json.loads(out.read_text())["workload"] == workload
