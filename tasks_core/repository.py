@@ -258,9 +258,13 @@ class TaskRepository:
             return f"not_pending:{row['status']}"
         if row["cancel"]:
             return "cancel_requested"
-        if row["backoff"]:
-            return "backoff"
-        return "capacity_full"
+        # This message is acknowledged and dropped, so no message is in flight for the task any
+        # more: clear the publication stamp and the relay re-sends it as soon as a slot frees.
+        await conn.execute(
+            text("UPDATE tasks SET last_published_at = NULL WHERE id = :id AND status = 'pending'"),
+            {"id": task_id},
+        )
+        return "backoff" if row["backoff"] else "capacity_full"
 
     # ---------------------------------------------------------------- owner writes
 
@@ -629,8 +633,10 @@ class TaskRepository:
     ) -> list[uuid.UUID]:
         """Oldest runnable pending tasks due for (re)publication; stamps them as published.
 
-        ``republish_after`` None selects regardless of the last publication (the relay, which
-        runs when a slot frees and must not wait out the publisher interval).
+        Always due: tasks with no message in flight (never published, or their message was
+        dropped by a refused claim). With ``republish_after`` (the publisher) also tasks published
+        longer ago than that, whose message may be lost. The relay passes None: it must not wait
+        out the publisher interval, nor duplicate messages that are still queued.
         """
         pairs = [(s.task_type, s.version) for s in registry.specs()]  # type: ignore[attr-defined]
         async with self.engine.begin() as conn:
@@ -641,8 +647,8 @@ class TaskRepository:
                             SELECT id FROM tasks
                             WHERE status = 'pending' AND cancel_requested_at IS NULL
                               AND (not_before IS NULL OR not_before <= {NOW})
-                              AND (CAST(:after AS float8) IS NULL OR last_published_at IS NULL
-                                   OR last_published_at < {NOW} - make_interval(secs => :after))
+                              AND (last_published_at IS NULL OR (CAST(:after AS float8) IS NOT NULL
+                                   AND last_published_at < {NOW} - make_interval(secs => :after)))
                               AND (task_type, handler_version) IN (
                                   SELECT * FROM unnest(CAST(:types AS text[]), CAST(:versions AS int[])))
                             ORDER BY created_at, id LIMIT :limit FOR UPDATE SKIP LOCKED)
@@ -680,8 +686,6 @@ class TaskRepository:
             return "cancel requested"
         if row["publish_error"]:
             return f"publish failed: {row['publish_error']}"
-        if row["last_published_at"] is None:
-            return "not yet published"
         async with self.engine.connect() as conn:
             facts = (
                 await conn.execute(
@@ -700,6 +704,8 @@ class TaskRepository:
         if facts["running"] >= capacity:
             ahead = f", behind {facts['ahead']} older tasks" if facts["ahead"] else ""
             return f"capacity full ({facts['running']} of {capacity} running){ahead}"
+        if row["last_published_at"] is None:
+            return "not yet published"
         if facts["ahead"]:
             return f"behind {facts['ahead']} older pending tasks"
         return "waiting for a worker"

@@ -1,0 +1,45 @@
+"""Relay and publisher selection: a dropped message is re-sent when a slot frees, a queued one is
+not duplicated, and a stale publication is re-sent by the publisher only."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from tasks_core.relay import relay
+from tasks_core.submission import Submitter, TaskIntent
+
+
+async def test_relay_resends_only_tasks_whose_message_was_dropped(services: Any, redis_client: Any) -> None:
+    repo, registry = services.repo, services.registry
+    submitted = [
+        (await Submitter(services).submit(TaskIntent("diagnostics.sleep", {"i": i}))).task_id
+        for i in range(6)
+    ]
+    assert redis_client.llen("durable") == 6
+    for task_id in submitted[:4]:
+        assert not isinstance(await repo.claim(task_id, registry, capacity=4, lease_seconds=30), str)
+    # The fifth message arrives while capacity is full: dropped, and the row says so.
+    assert await repo.claim(submitted[4], registry, capacity=4, lease_seconds=30) == "capacity_full"
+    assert (await repo.get(submitted[4]))["last_published_at"] is None
+    assert (await repo.get(submitted[5]))["last_published_at"] is not None  # its message is still queued
+
+    assert await repo.claim_for_publish(registry, limit=10, republish_after=None) == [submitted[4]]
+    assert await repo.claim_for_publish(registry, limit=10, republish_after=None) == []  # stamped again
+
+    # The publisher re-sends what was published longer ago than its interval (a lost message).
+    repo.now = (await repo.get(submitted[5]))["last_published_at"] + timedelta(seconds=60)
+    assert await repo.claim_for_publish(registry, limit=10, republish_after=30) == submitted[4:]
+    repo.now = None
+
+
+async def test_relay_publishes_about_as_many_as_free_slots(services: Any, redis_client: Any) -> None:
+    repo, registry = services.repo, services.registry
+    ids = [(await Submitter(services).submit(TaskIntent("diagnostics.noop", {}))).task_id for _ in range(7)]
+    for task_id in ids:
+        await repo.claim(task_id, registry, capacity=3, lease_seconds=30)  # 3 run, 4 dropped
+    redis_client.delete("durable")
+    assert await relay(services) == 1  # capacity 4 in settings, 3 running: one free slot
+    assert redis_client.llen("durable") == 1
+    waiting = [(await repo.get(i))["last_published_at"] is None for i in ids[3:]]
+    assert waiting == [False, True, True, True]  # the oldest dropped task went first
