@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import sys
@@ -189,7 +190,12 @@ def reconcile() -> dict[str, Any]:
 def prune(older_than_seconds: Any) -> int:
     from tasks_core.pruner import prune as run_prune
 
-    if not isinstance(older_than_seconds, int | float) or older_than_seconds <= 0:
+    if (
+        not isinstance(older_than_seconds, int | float)
+        or isinstance(older_than_seconds, bool)
+        or not math.isfinite(older_than_seconds)
+        or older_than_seconds <= 0
+    ):
         log.warning("dropping prune message with bad age %r", older_than_seconds)
         return 0
     state = process_state()
