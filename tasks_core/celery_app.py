@@ -119,18 +119,11 @@ def _check_schema_on_beat_start(**_: Any) -> None:
 
 
 def _fail_closed_on_schema(process: str) -> None:
-    from tasks_core.db import SchemaNotCurrent, check_schema, make_engine
+    from tasks_core.db import SchemaNotCurrent, check_schema_blocking
     from tasks_core.settings import get_settings
 
-    async def check() -> None:
-        engine = make_engine(get_settings().require_database(), pool_size=1)
-        try:
-            await check_schema(engine)
-        finally:
-            await engine.dispose()
-
     try:
-        asyncio.run(check())
+        check_schema_blocking(get_settings().require_database())
     except SchemaNotCurrent as exc:
         print(f"{process}: refusing to start: {exc}", file=sys.stderr, flush=True)
         os._exit(2)

@@ -33,17 +33,10 @@ def _services(settings: Settings | None = None) -> Any:
 
 
 def _schema_gate(settings: Settings) -> None:
-    from tasks_core.db import SchemaNotCurrent, check_schema, make_engine
-
-    async def check() -> None:
-        engine = make_engine(settings.require_database(), pool_size=1)
-        try:
-            await check_schema(engine)
-        finally:
-            await engine.dispose()
+    from tasks_core.db import SchemaNotCurrent, check_schema_blocking
 
     try:
-        asyncio.run(check())
+        check_schema_blocking(settings.require_database())
     except SchemaNotCurrent as exc:
         _fail(f"refusing to start: {exc}", 2)
 

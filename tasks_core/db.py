@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 from alembic.config import Config
@@ -13,9 +15,32 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
 
+# `dtask` commands and Celery sub-commands: the first one on the command line names the process role.
+_ROLES = frozenset(
+    {"worker", "beat", "flower", "api", "dev", "migrate", "db-status", "submit", "show", "list", "cancel",
+     "prune", "bench", "chaos"}
+)
+
+
+def application_name() -> str:
+    """How this process's connections appear in ``pg_stat_activity``: ``dtask-<role>:<pid>``.
+
+    Operators (and the fault campaign, which terminates worker backends) tell a worker's
+    connections from the API's or a client's by it. Engines are created after fork in worker pool
+    children, so the pid is the child that owns the connection.
+    """
+    role = next((arg for arg in sys.argv[1:] if arg in _ROLES), "client")
+    return f"dtask-{role}:{os.getpid()}"[:63]  # PostgreSQL keeps 63 bytes
+
+
 def make_engine(url: str, *, pool_size: int = 5) -> AsyncEngine:
     # pool_pre_ping: a worker whose backend was terminated reconnects instead of failing a write.
-    return create_async_engine(url, pool_size=pool_size, max_overflow=5, pool_pre_ping=True)
+    connect_args: dict[str, object] = {}
+    if "+asyncpg" in url.split("://", 1)[0]:
+        connect_args["server_settings"] = {"application_name": application_name()}
+    return create_async_engine(
+        url, pool_size=pool_size, max_overflow=5, pool_pre_ping=True, connect_args=connect_args
+    )
 
 
 def alembic_config(url: str | None = None) -> Config:
@@ -55,3 +80,17 @@ async def check_schema(engine: AsyncEngine) -> str:
             "run `dtask migrate` first"
         )
     return head or ""
+
+
+def check_schema_blocking(url: str) -> None:
+    """``check_schema`` for start-up code that has no event loop yet (CLI, Celery signals)."""
+    import asyncio
+
+    async def check() -> None:
+        engine = make_engine(url, pool_size=1)
+        try:
+            await check_schema(engine)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(check())

@@ -373,14 +373,7 @@ class TaskRepository:
         error: dict[str, str] | None = None,
         outcome: str,
     ) -> None:
-        # A dead owner's attempt ended when its lease lapsed, not when we noticed.
-        await conn.execute(
-            text(
-                f"""UPDATE task_attempts SET ended_at = least({NOW}, :lease), outcome = :outcome
-                WHERE token = :tok AND ended_at IS NULL"""
-            ),
-            self._p(tok=row["attempt_token"], lease=row["lease_expires_at"], outcome=outcome),
-        )
+        await self._end_attempt(conn, row, outcome)
         await conn.execute(
             text(
                 f"""UPDATE tasks SET status = :status, finished_at = {NOW}, attempt_token = NULL,
@@ -396,7 +389,8 @@ class TaskRepository:
             ),
         )
 
-    async def _to_pending(self, conn: AsyncConnection, row: Row, *, outcome: str, delay: float) -> None:
+    async def _end_attempt(self, conn: AsyncConnection, row: Row, outcome: str) -> None:
+        # A dead owner's attempt ended when its lease lapsed, not when we noticed.
         await conn.execute(
             text(
                 f"""UPDATE task_attempts SET ended_at = least({NOW}, :lease), outcome = :outcome
@@ -404,6 +398,9 @@ class TaskRepository:
             ),
             self._p(tok=row["attempt_token"], lease=row["lease_expires_at"], outcome=outcome),
         )
+
+    async def _to_pending(self, conn: AsyncConnection, row: Row, *, outcome: str, delay: float) -> None:
+        await self._end_attempt(conn, row, outcome)
         await conn.execute(
             text(
                 f"""UPDATE tasks SET status = 'pending', attempt_token = NULL, lease_expires_at = NULL,
