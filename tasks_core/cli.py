@@ -357,6 +357,10 @@ from tasks_core.bench.cli import bench_app  # noqa: E402  (typer sub-app; import
 
 cli.add_typer(bench_app, name="bench")
 
+from tasks_core.chaos.cli import chaos_command  # noqa: E402  (imports nothing heavy)
+
+cli.command("chaos")(chaos_command)
+
 
 def main() -> None:
     cli()

@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from tasks_core import metrics
 from tasks_core.repository import OwnershipLost, TaskRepository
 
 
@@ -68,6 +69,7 @@ class TaskContext:
         if not await self._repo.report(
             self.task_id, self.attempt_token, progress if moved else None, message if new_message else None
         ):
+            metrics.FENCED_WRITES_REJECTED.labels(write="report").inc()
             raise OwnershipLost(str(self.task_id))
         if moved and progress is not None:
             self._progress = progress
@@ -77,5 +79,17 @@ class TaskContext:
     @asynccontextmanager
     async def owning_transaction(self) -> AsyncIterator[AsyncConnection]:
         """A transaction that commits only if this attempt still owns the task at commit time."""
-        async with self._repo.owning_transaction(self.task_id, self.attempt_token) as (conn, _row):
-            yield conn
+        body_raised = False
+        try:
+            async with self._repo.owning_transaction(self.task_id, self.attempt_token) as (conn, _row):
+                try:
+                    yield conn
+                except BaseException:
+                    body_raised = True
+                    raise
+        except OwnershipLost:
+            # Refused on entry (not the owner) or at commit (lease lapsed): everything rolled back.
+            # An OwnershipLost from inside the block was counted where it was raised.
+            if not body_raised:
+                metrics.FENCED_WRITES_REJECTED.labels(write="owning_transaction").inc()
+            raise

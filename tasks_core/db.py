@@ -17,8 +17,22 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
 # `dtask` commands and Celery sub-commands: the first one on the command line names the process role.
 _ROLES = frozenset(
-    {"worker", "beat", "flower", "api", "dev", "migrate", "db-status", "submit", "show", "list", "cancel",
-     "prune", "bench", "chaos"}
+    {
+        "worker",
+        "beat",
+        "flower",
+        "api",
+        "dev",
+        "migrate",
+        "db-status",
+        "submit",
+        "show",
+        "list",
+        "cancel",
+        "prune",
+        "bench",
+        "chaos",
+    }
 )
 
 
@@ -33,11 +47,21 @@ def application_name() -> str:
     return f"dtask-{role}:{os.getpid()}"[:63]  # PostgreSQL keeps 63 bytes
 
 
-def make_engine(url: str, *, pool_size: int = 5) -> AsyncEngine:
+def make_engine(
+    url: str, *, pool_size: int = 5, idle_in_transaction_seconds: float | None = None
+) -> AsyncEngine:
+    """An asyncpg engine. ``idle_in_transaction_seconds`` lets PostgreSQL end a session that sits
+    inside a transaction that long: a paused or partitioned process must not keep holding the
+    capacity lock or a task row (which would stall every claim, or the reconciler, cluster-wide)."""
     # pool_pre_ping: a worker whose backend was terminated reconnects instead of failing a write.
     connect_args: dict[str, object] = {}
     if "+asyncpg" in url.split("://", 1)[0]:
-        connect_args["server_settings"] = {"application_name": application_name()}
+        server = {"application_name": application_name()}
+        if idle_in_transaction_seconds:
+            server["idle_in_transaction_session_timeout"] = str(
+                max(1, int(idle_in_transaction_seconds * 1000))
+            )
+        connect_args["server_settings"] = server
     return create_async_engine(
         url, pool_size=pool_size, max_overflow=5, pool_pre_ping=True, connect_args=connect_args
     )

@@ -68,6 +68,12 @@ class Histogram:
 CLAIMS = Counter("dtask_claims", "Successful claims")
 CLAIM_REFUSED = Counter("dtask_claims_refused", "Messages dropped because the claim was refused", ("reason",))
 LEASE_LOST = Counter("dtask_lease_lost", "Attempts that lost ownership before finishing")
+# A fenced write (heartbeat, report, owning transaction, terminal write, hand-back) that found its
+# attempt no longer owns the task and so wrote nothing: proof that fencing stopped a late writer.
+FENCED_WRITES_REJECTED = Counter(
+    "dtask_fenced_writes_rejected", "Fenced writes refused because the attempt no longer owned the task",
+    ("write",),
+)
 RECONCILED = Counter("dtask_reconciled", "Tasks converged by the reconciler", ("kind",))
 PUBLISH_FAILURES = Counter("dtask_publish_failures", "Task ids that could not be published")
 PUBLISHED = Counter("dtask_published", "Task ids published", ("by",))
@@ -77,7 +83,9 @@ HANDLER_SECONDS = Histogram(
     ("task_type",),
     buckets=(0.01, 0.1, 1, 10, 60, 300, 1800, 3600, 4 * 3600, 24 * 3600, math.inf),
 )
-COUNTERS = (CLAIMS, CLAIM_REFUSED, LEASE_LOST, RECONCILED, PUBLISH_FAILURES, PUBLISHED)
+COUNTERS = (
+    CLAIMS, CLAIM_REFUSED, LEASE_LOST, FENCED_WRITES_REJECTED, RECONCILED, PUBLISH_FAILURES, PUBLISHED
+)
 HISTOGRAMS = (HANDLER_SECONDS,)
 
 

@@ -33,6 +33,8 @@ OWNED = f"attempt_token = :tok AND status = 'running' AND lease_expires_at > {NO
 # Serializes claimers so the running count they read cannot be stale (I5). Any constant works;
 # this one spells "dtaskcap".
 CAPACITY_LOCK = 0x6474_6173_6B63_6170
+# SQLSTATE lock_not_available: raised when lock_timeout expires.
+LOCK_NOT_AVAILABLE = "55P03"
 ACTIVE_SQL = "('pending', 'running')"
 TERMINAL_SQL = "('success', 'failed', 'cancelled')"
 
@@ -188,8 +190,40 @@ class TaskRepository:
         capacity: int,
         lease_seconds: float,
         worker: str | None = None,
+        lock_wait_seconds: float = 2.0,
     ) -> Claim | str:
-        """Atomically move a pending task to running under a fresh token; else the refusal reason."""
+        """Atomically move a pending task to running under a fresh token; else the refusal reason.
+
+        Claimers queue on the capacity lock for at most ``lock_wait_seconds``: if its holder
+        stalls, the claim is refused (``capacity_busy``) and the task re-sent later, so no worker
+        process blocks behind a paused peer.
+        """
+        try:
+            return await self._claim(task_id, registry, capacity, lease_seconds, worker, lock_wait_seconds)
+        except DBAPIError as exc:
+            if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                raise
+        async with self.engine.begin() as conn:
+            await self._mark_unpublished(conn, task_id)
+        return "capacity_busy"
+
+    async def _mark_unpublished(self, conn: AsyncConnection, task_id: uuid.UUID) -> None:
+        # The refused message is acknowledged and dropped, so none is in flight for the task any
+        # more: clear the publication stamp and the relay (when a slot frees) or publisher re-sends it.
+        await conn.execute(
+            text("UPDATE tasks SET last_published_at = NULL WHERE id = :id AND status = 'pending'"),
+            {"id": task_id},
+        )
+
+    async def _claim(
+        self,
+        task_id: uuid.UUID,
+        registry: RunnableSource,
+        capacity: int,
+        lease_seconds: float,
+        worker: str | None,
+        lock_wait_seconds: float,
+    ) -> Claim | str:
         async with self.engine.begin() as conn:
             row = (
                 await conn.execute(
@@ -205,6 +239,10 @@ class TaskRepository:
             if spec is None:
                 return "not_runnable"
             type_cap = spec.concurrency
+            await conn.execute(
+                text("SELECT set_config('lock_timeout', :ms, true)"),
+                {"ms": f"{max(1, int(lock_wait_seconds * 1000))}ms"},
+            )
             # A separate statement: it must take its snapshot *after* the lock is granted.
             await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CAPACITY_LOCK})
             token = uuid.uuid4()
@@ -258,12 +296,7 @@ class TaskRepository:
             return f"not_pending:{row['status']}"
         if row["cancel"]:
             return "cancel_requested"
-        # This message is acknowledged and dropped, so no message is in flight for the task any
-        # more: clear the publication stamp and the relay re-sends it as soon as a slot frees.
-        await conn.execute(
-            text("UPDATE tasks SET last_published_at = NULL WHERE id = :id AND status = 'pending'"),
-            {"id": task_id},
-        )
+        await self._mark_unpublished(conn, task_id)
         return "backoff" if row["backoff"] else "capacity_full"
 
     # ---------------------------------------------------------------- owner writes

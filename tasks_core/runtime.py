@@ -66,7 +66,7 @@ async def run_task(services: Services, raw_id: object, shutdown: ShutdownSignal 
     s = services.settings
     claim = await services.repo.claim(
         task_id, services.registry, capacity=s.capacity, lease_seconds=s.lease_seconds,
-        worker=services.worker_name,
+        worker=services.worker_name, lock_wait_seconds=min(2.0, s.heartbeat_seconds),
     )
     if isinstance(claim, str):
         log.info("task %s not claimed: %s", task_id, claim)
@@ -148,6 +148,7 @@ class Execution:
                     return
                 continue
             if not beat.owned:
+                metrics.FENCED_WRITES_REJECTED.labels(write="heartbeat").inc()
                 self.stop("lost")
                 return
             last_renewed = time.monotonic()
@@ -190,6 +191,7 @@ class Execution:
         if self.spec.retry_safe and self.claim.attempt < self.spec.max_attempts:
             if await self.repo.release(self.task_id, self.token, outcome="worker_shutdown", delay=0):
                 return Status.PENDING.value
+            metrics.FENCED_WRITES_REJECTED.labels(write="release").inc()
             return "lost"
         return await self._finish(
             Status.FAILED, error=_err("worker_shutdown", "the worker stopped before the task finished")
@@ -224,9 +226,13 @@ class Execution:
         self, status: Status, result: Any, error: dict[str, str] | None, *, hooks: bool
     ) -> str:
         registry = self.services.registry if hooks else None
-        final = await self.repo.finish(
-            self.task_id, self.token, registry, status=status, result=result, error=error
-        )
+        try:
+            final = await self.repo.finish(
+                self.task_id, self.token, registry, status=status, result=result, error=error
+            )
+        except OwnershipLost:
+            metrics.FENCED_WRITES_REJECTED.labels(write="finish").inc()
+            raise
         return final.value
 
     def _lost(self) -> str:

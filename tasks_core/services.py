@@ -54,7 +54,11 @@ def build_services(
 ) -> Services:
     from tasks_core.transport import CeleryTransport  # imports Celery; keep out of light paths
 
-    engine = make_engine(settings.require_database(), pool_size=pool_size)
+    # No session of ours ever needs to idle inside a transaction longer than a lease: an owning
+    # transaction that long has lost its lease anyway (its row lock blocks the heartbeat).
+    engine = make_engine(
+        settings.require_database(), pool_size=pool_size, idle_in_transaction_seconds=settings.lease_seconds
+    )
     return Services(
         settings=settings,
         engine=engine,

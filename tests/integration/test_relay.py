@@ -43,3 +43,48 @@ async def test_relay_publishes_about_as_many_as_free_slots(services: Any, redis_
     assert redis_client.llen("durable") == 1
     waiting = [(await repo.get(i))["last_published_at"] is None for i in ids[3:]]
     assert waiting == [False, True, True, True]  # the oldest dropped task went first
+
+
+async def test_a_stalled_capacity_lock_holder_delays_claims_by_a_bounded_wait(services: Any) -> None:
+    """A claimer paused inside its claim transaction must not block every other claim."""
+    from sqlalchemy import text
+
+    from tasks_core.repository import CAPACITY_LOCK
+
+    repo, registry = services.repo, services.registry
+    task_id = (await Submitter(services).submit(TaskIntent("diagnostics.noop", {}))).task_id
+    async with services.engine.connect() as holder:
+        await holder.begin()
+        await holder.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CAPACITY_LOCK})
+        outcome = await repo.claim(task_id, registry, capacity=4, lease_seconds=30, lock_wait_seconds=0.3)
+        await holder.rollback()
+    assert outcome == "capacity_busy"
+    row = await repo.get(task_id)
+    assert row["status"] == "pending" and row["last_published_at"] is None  # will be re-sent
+    assert not isinstance(await repo.claim(task_id, registry, capacity=4, lease_seconds=30), str)
+
+
+async def test_a_session_idle_inside_a_transaction_is_ended_after_a_lease(clean_db: None) -> None:
+    """PostgreSQL ends our sessions that idle in a transaction for a lease (a paused process)."""
+    import asyncio
+
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    from tasks_core.services import build_services
+    from tests.conftest import make_settings
+
+    svc = build_services(make_settings(lease_seconds=0.5), pool_size=1)
+    try:
+        async with svc.engine.connect() as conn:
+            await conn.begin()
+            await conn.execute(text("SELECT 1"))
+            await asyncio.sleep(1.5)  # "paused" past the lease while inside the transaction
+            try:
+                await conn.execute(text("SELECT 1"))
+                ended = False
+            except DBAPIError:
+                ended = True
+        assert ended
+    finally:
+        await svc.close()

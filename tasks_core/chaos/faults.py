@@ -1,0 +1,251 @@
+"""The seeded fault schedule, and the real processes the faults are done to.
+
+``build_schedule(seed, ...)`` is a pure function of its arguments: the same seed gives the same
+fault kinds, instants, durations and choices, and the same task mix (``build_workload``). Which
+worker a fault hits is decided when it fires (the owner of a running task, if any), by the
+schedule's pre-drawn ``pick``, so a replay hits the same rank among the candidates of that moment.
+
+Processes are started exactly as an operator would (``celery -A tasks_core.celery_app worker`` and
+``... beat``), each in its own session and process group, so SIGKILL/SIGSTOP/SIGCONT reach a
+worker's main process and all its pool children at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tasks_core
+
+ROOT = Path(tasks_core.__file__).resolve().parent.parent
+
+KILL = "kill_worker"
+PAUSE = "pause_worker"
+# SIGSTOP of a worker caught inside a claim, holding the cluster-wide capacity lock, for longer than
+# the recovery bound: a stalled claimer must not stall the cluster.
+PAUSE_CLAIMER = "pause_claimer"
+DUPLICATE = "duplicate_publish"
+REDIS = "redis_restart"
+PG_TERMINATE = "pg_terminate"
+CANCEL = "cancel"
+KINDS = (KILL, PAUSE, PAUSE_CLAIMER, DUPLICATE, REDIS, PG_TERMINATE, CANCEL)
+# Relative frequency of each fault after the guaranteed ones.
+WEIGHTS = {KILL: 3, PAUSE: 3, DUPLICATE: 2, REDIS: 1, PG_TERMINATE: 2, CANCEL: 1}
+# Every campaign does each fault at least this often (pauses twice: fencing must be exercised).
+MINIMUM = {KILL: 1, PAUSE: 2, PAUSE_CLAIMER: 1, DUPLICATE: 1, REDIS: 1, PG_TERMINATE: 1, CANCEL: 1}
+GAP_SECONDS = (2.0, 5.0)
+
+FAKETIME_LIBS = (
+    "/usr/lib/*/faketime/libfaketimeMT.so.1",
+    "/usr/lib/faketime/libfaketimeMT.so.1",
+    "/usr/local/lib/faketime/libfaketimeMT.so.1",
+)
+
+
+@dataclass(frozen=True)
+class FaultEvent:
+    at: float  # seconds after the fault phase began
+    kind: str
+    duration: float  # pause length, Redis downtime, or delay before a killed worker restarts
+    pick: float  # [0, 1): which candidate (victim, ids) among those available when it fires
+    amount: float  # [0, 1): how much (share of backends, number of ids)
+
+
+def claimer_pause_seconds(lease_seconds: float, reconcile_seconds: float, margin_seconds: float) -> float:
+    """Longer than I3's recovery bound (heartbeat + reconcile + margin after a lease's end) plus
+    the lease itself, so a cluster that waits for the paused claimer is caught."""
+    return round(lease_seconds * 4 / 3 + reconcile_seconds + margin_seconds + 3.0, 3)
+
+
+def build_schedule(
+    seed: int, fault_seconds: float, lease_seconds: float, *, exclude: tuple[str, ...] = (),
+    claimer_pause: float | None = None,
+) -> list[FaultEvent]:
+    """The campaign's faults; ``exclude`` drops kinds (the rest of the schedule keeps its draws)."""
+    rng = random.Random(f"dtask-chaos:{seed}:faults")
+    claimer_pause = claimer_pause or claimer_pause_seconds(lease_seconds, 1.0, 5.0)
+    # The last fault fires early enough that a pause (lease + up to 3 s) ends within the phase.
+    last = max(1.0, fault_seconds - lease_seconds - 3.0)
+    times: list[float] = []
+    t = rng.uniform(*GAP_SECONDS)
+    while t <= last:
+        times.append(t)
+        t += rng.uniform(*GAP_SECONDS)
+    required = [kind for kind, n in MINIMUM.items() for _ in range(n)]
+    if len(times) < len(required):  # a short phase: squeeze the guaranteed faults in
+        step = last / (len(required) + 1)
+        times = [step * (i + 1) for i in range(len(required))]
+    extra = rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()), k=len(times) - len(required))
+    kinds = required + extra
+    rng.shuffle(kinds)
+    events = []
+    for at, kind in zip(times, kinds, strict=True):
+        if kind == PAUSE:
+            duration = lease_seconds + rng.uniform(1.0, 3.0)  # longer than the lease: it must lapse
+        elif kind == REDIS:
+            duration = rng.uniform(1.0, 4.0)
+        elif kind == KILL:
+            duration = rng.uniform(0.0, 2.0)
+        elif kind == PAUSE_CLAIMER:
+            duration = claimer_pause
+        else:
+            duration = 0.0
+        events.append(FaultEvent(round(at, 3), kind, round(duration, 3), rng.random(), rng.random()))
+    return [e for e in events if e.kind not in exclude]
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    task_type: str
+    payload: dict[str, Any]
+    dedupe_key: str | None = None
+
+
+def build_workload(seed: int, n: int) -> list[TaskPlan]:
+    """The mixed diagnostics tasks of a campaign, a pure function of the seed."""
+    rng = random.Random(f"dtask-chaos:{seed}:tasks")
+    plans = []
+    for i in range(n):
+        roll = rng.random()
+        sleep = {"seconds": round(rng.uniform(0.5, 4.0), 2), "steps": rng.randint(2, 8), "effects": True}
+        if roll < 0.35:
+            plans.append(TaskPlan("diagnostics.sleep", sleep))
+        elif roll < 0.55:
+            plans.append(TaskPlan("diagnostics.sleep_retry_safe", sleep))
+        elif roll < 0.72:
+            plans.append(TaskPlan("diagnostics.noop", {"i": i}))
+        elif roll < 0.82:
+            plans.append(TaskPlan("diagnostics.fail", {"message": f"chaos task {i} fails on purpose"}))
+        else:  # a few keys, reused all campaign long: actives collide, finished ones free their key
+            task_type = rng.choice(("diagnostics.sleep", "diagnostics.sleep_retry_safe"))
+            plans.append(TaskPlan(task_type, sleep, dedupe_key=f"chaos-key-{rng.randrange(4)}"))
+    return plans
+
+
+def faketime_library() -> str | None:
+    """libfaketime (Debian package `faketime`/`libfaketime`), if installed."""
+    for pattern in FAKETIME_LIBS:
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
+@dataclass
+class Managed:
+    """One real process: a worker (its main process and pool children share a process group) or beat."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    started: float
+    node: str | None = None
+    skewed: bool = False
+    paused: bool = False
+    ready: bool = False
+    killed: bool = False  # by the campaign (an exit we caused)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def owns_pid(self, pid: int) -> bool:
+        """Whether ``pid`` is this process or one of its pool children (same process group)."""
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return False
+        return int(fields[2]) == self.pid
+
+    def signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)  # own session: pgid == pid
+
+    def kill(self) -> None:
+        self.killed = True
+        self.signal_group(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=10)
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+class Processes:
+    """Starts workers and beat against the campaign's database and Redis; kills them all at the end."""
+
+    def __init__(self, workdir: Path, env: dict[str, str]) -> None:
+        self.workdir = workdir
+        self.logs = workdir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.base_env = env
+        self.all: list[Managed] = []
+        self._generation: dict[int, int] = {}
+
+    def env(self, **extra: str) -> dict[str, str]:
+        # Nothing from the caller's DTASK_* settings leaks in: the campaign decides every one.
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DTASK_", "FAKETIME", "LD_PRELOAD"))}
+        env.update(self.base_env)
+        env.update(extra)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str], **kw: Any) -> Managed:
+        log = self.logs / f"{name}.log"
+        with log.open("ab") as out:
+            popen = subprocess.Popen(
+                argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, cwd=self.workdir,  # no developer .env is read from here
+            )
+        proc = Managed(name, popen, log, time.monotonic(), **kw)
+        self.all.append(proc)
+        return proc
+
+    def start_worker(self, slot: int, *, concurrency: int, skew: tuple[str, float] | None = None) -> Managed:
+        gen = self._generation[slot] = self._generation.get(slot, 0) + 1
+        name = f"w{slot}.{gen}"
+        node = f"chaos-{name}@{os.uname().nodename}"
+        argv = [
+            sys.executable, "-m", "celery", "-A", "tasks_core.celery_app", "worker",
+            "-Q", "durable,duties", "-c", str(concurrency), "-P", "prefork", "-l", "INFO", "-n", node,
+            "--without-mingle", "--without-gossip",
+        ]
+        extra: dict[str, str] = {}
+        if skew is not None:
+            lib, seconds = skew
+            # Every clock of the process is shifted (wall and monotonic: with the monotonic one left
+            # alone, libfaketime's sleep wrappers fail with EINVAL); rates stay true, so timers and the
+            # heartbeat cadence are unchanged while every timestamp the worker could make is off.
+            extra = {"LD_PRELOAD": lib, "FAKETIME": f"{int(seconds):+d}"}
+        return self._spawn(name, argv, self.env(**extra), node=node, skewed=skew is not None)
+
+    def start_beat(self) -> Managed:
+        argv = [sys.executable, "-m", "celery", "-A", "tasks_core.celery_app", "beat",
+                "-s", str(self.workdir / "beat-schedule"), "-l", "INFO"]
+        return self._spawn("beat", argv, self.env())
+
+    def stop_all(self) -> None:
+        """SIGCONT (a stopped group cannot die cleanly otherwise) and SIGKILL every group we started."""
+        for proc in self.all:
+            proc.signal_group(signal.SIGCONT)
+            proc.signal_group(signal.SIGKILL)
+        for proc in self.all:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(timeout=10)
+
+    def tail(self, proc: Managed, lines: int = 40) -> str:
+        return "\n".join(proc.log_text().splitlines()[-lines:])
