@@ -124,16 +124,21 @@ class TaskRepository:
     # ---------------------------------------------------------------- submit
 
     async def insert(self, conn: AsyncConnection, new: NewTask) -> Inserted:
-        """Insert a pending task in the caller's transaction (domain rows may share it)."""
+        """Insert a pending task in the caller's transaction (domain rows may share it).
+
+        It is stamped as published at once: the id is sent right after commit, and a claim refused
+        before the sender could stamp it would otherwise have its "message dropped" mark
+        overwritten, leaving a task no relay would ever re-send.
+        """
         for _ in range(5):
             task_id = uuid.uuid4()
             inserted = (
                 await conn.execute(
                     text(
                         f"""INSERT INTO tasks (id, task_type, handler_version, payload, owner, status,
-                               dedupe_key, timeout_seconds, created_at)
+                               dedupe_key, timeout_seconds, created_at, last_published_at)
                         VALUES (:id, :tt, :hv, CAST(:payload AS jsonb), :owner, 'pending', :dk, :timeout,
-                                {NOW})
+                                {NOW}, {NOW})
                         ON CONFLICT (task_type, dedupe_key)
                             WHERE status IN {ACTIVE_SQL} AND dedupe_key IS NOT NULL
                         DO NOTHING RETURNING id"""
@@ -161,22 +166,14 @@ class TaskRepository:
             # The holder finished between our insert and our look-up: the key is free again.
         raise RuntimeError("dedupe key kept changing hands; giving up")
 
-    async def mark_published(self, ids: Sequence[uuid.UUID]) -> None:
-        if ids:
-            async with self.engine.begin() as conn:
-                await conn.execute(
-                    text(
-                        f"""UPDATE tasks SET last_published_at = {NOW}, publish_error = NULL
-                        WHERE id = ANY(:ids) AND status = 'pending'"""
-                    ),
-                    self._p(ids=list(ids)),
-                )
-
     async def mark_publish_failed(self, ids: Sequence[uuid.UUID], error: str) -> None:
         if ids:
             async with self.engine.begin() as conn:
                 await conn.execute(
-                    text("UPDATE tasks SET publish_error = :err WHERE id = ANY(:ids) AND status = 'pending'"),
+                    text(
+                        """UPDATE tasks SET publish_error = :err, last_published_at = NULL
+                        WHERE id = ANY(:ids) AND status = 'pending'"""
+                    ),
                     {"ids": list(ids), "err": error[:500]},
                 )
 

@@ -71,6 +71,10 @@ async def run_task(services: Services, raw_id: object, shutdown: ShutdownSignal 
     if isinstance(claim, str):
         log.info("task %s not claimed: %s", task_id, claim)
         metrics.CLAIM_REFUSED.labels(reason=claim.split(":")[0]).inc()
+        if claim in ("capacity_full", "capacity_busy"):
+            # The refusal marked the task for re-sending, but a slot may have freed (and its relay
+            # run) before that commit was visible: relay once more, so no wake-up is lost.
+            await _relay_quietly(services, task_id)
         return RunOutcome(False, claim)
     metrics.CLAIMS.inc()
     spec = services.registry.runnable(claim.task["task_type"], claim.task["handler_version"])
@@ -78,11 +82,15 @@ async def run_task(services: Services, raw_id: object, shutdown: ShutdownSignal 
     status = await Execution(services, claim, spec, shutdown or ShutdownSignal()).run()
     if status != "lost":
         # A slot just freed (or a task went back to pending): hand it on without waiting for beat.
-        try:
-            await relay(services)
-        except Exception:
-            log.exception("relay after task %s failed; the publisher will catch up", task_id)
+        await _relay_quietly(services, task_id)
     return RunOutcome(True, status)
+
+
+async def _relay_quietly(services: Services, task_id: uuid.UUID) -> None:
+    try:
+        await relay(services)
+    except Exception:
+        log.exception("relay after task %s failed; the publisher will catch up", task_id)
 
 
 class Execution:

@@ -168,8 +168,6 @@ class Submitter:
             return
         ids = [r.task_id for r in results]
         error = await publish_ids(self.services, ids, by="submit")
-        if error is None:
-            await self.services.repo.mark_published(ids)
         for r in results:
             r.published = error is None
             r.publish_error = error

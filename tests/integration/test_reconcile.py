@@ -208,7 +208,7 @@ async def test_unknown_versions_fail_closed_without_any_hook(services: Any, redi
     """Design 8/9: a row of a version this deployment cannot run (99) fails closed with
     `handler_unavailable` and no hook: by the reconciler once its lease is expired (running), by the
     publisher's fail-closed pass (pending). A live lease of another deployment is left alone, and
-    runnable pending work is published (by the relay the converging run triggers), not failed."""
+    runnable pending work is left to its message, not failed."""
     engine = services.engine
     now = await db_now(engine)
     running = await insert_raw(
@@ -227,8 +227,9 @@ async def test_unknown_versions_fail_closed_without_any_hook(services: Any, redi
     assert (row["status"], row["error"]["code"]) == ("failed", "handler_unavailable")
     assert (await task_row(engine, live))["status"] == "running"
     assert (await task_row(engine, pending))["status"] == "pending"  # the reconciler leaves it
-    # The run freed a slot, so the relay published the oldest runnable pending task (only that one).
-    assert redis_client.llen("durable") == 1
+    # The run freed a slot and relayed, but the runnable task's message is (as far as the row
+    # knows) still in flight: inserted rows are stamped as published, so the relay sends nothing.
+    assert redis_client.llen("durable") == 0
 
     published = await publish_pending(services)
     assert published.failed_closed == 2
@@ -241,8 +242,8 @@ async def test_unknown_versions_fail_closed_without_any_hook(services: Any, redi
         assert run is not None and (run["status"], run["hook"]) == ("running", None)  # no hook ran
     row = await task_row(engine, runnable)
     assert row["status"] == "pending" and row["last_published_at"] is not None
-    assert published.published == 0  # published moments ago by the relay: not due again yet
-    assert redis_client.llen("durable") == 1
+    assert published.published == 0  # stamped moments ago: not due again before the interval
+    assert redis_client.llen("durable") == 0
 
 
 async def test_two_reconcilers_at_once_converge_each_task_once(services: Any, database_url: str) -> None:
