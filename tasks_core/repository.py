@@ -200,9 +200,13 @@ class TaskRepository:
         except DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
                 raise
+        await self.message_dropped(task_id)
+        return "capacity_busy"
+
+    async def message_dropped(self, task_id: uuid.UUID) -> None:
+        """A message for this task was acknowledged without a claim: mark it for re-sending."""
         async with self.engine.begin() as conn:
             await self._mark_unpublished(conn, task_id)
-        return "capacity_busy"
 
     async def _mark_unpublished(self, conn: AsyncConnection, task_id: uuid.UUID) -> None:
         # The refused message is acknowledged and dropped, so none is in flight for the task any

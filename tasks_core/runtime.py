@@ -59,9 +59,10 @@ async def run_task(services: Services, raw_id: object, shutdown: ShutdownSignal 
     if shutdown is not None and shutdown.event.is_set():
         # A message handed to this child just as the worker began its warm shutdown: claiming it
         # now would only run it for the grace period and then fail it (worker_shutdown) or burn one
-        # of its retries. Leave the row pending; the message is already acknowledged, so the
-        # publisher (or another worker's relay) sends the id again to a worker that is staying.
+        # of its retries. Leave the row pending and marked as having no message in flight, so the
+        # relay or the publisher sends the id again to a worker that is staying.
         log.info("task %s not claimed: this worker is shutting down", task_id)
+        await services.repo.message_dropped(task_id)
         return RunOutcome(False, "worker_shutting_down")
     s = services.settings
     claim = await services.repo.claim(

@@ -210,3 +210,14 @@ def test_legacy_rows_use_the_current_failure_hook_and_unknown_versions_none() ->
     assert registry.hook_for("diagnostics.sleep", 0, "success") is None
     assert registry.hook_for("diagnostics.sleep", 7, "failure") is None
     assert registry.hook_for("nope", 1, "failure") is None
+
+
+async def test_a_message_arriving_during_shutdown_is_left_for_another_worker(svc: Any) -> None:
+    task_id = await submit(svc, "diagnostics.noop")
+    shutdown = ShutdownSignal()
+    shutdown.set()
+    outcome = await run_task(svc, str(task_id), shutdown)
+    row = await svc.repo.get(task_id)
+    assert (outcome.claimed, outcome.status) == (False, "worker_shutting_down")
+    assert row["status"] == "pending" and row["last_published_at"] is None  # due for re-sending
+    assert await svc.repo.attempts(task_id) == []
