@@ -86,13 +86,17 @@ tasks = Table(
     ),
 )
 
-# I4: at most one active task per (task_type, dedupe_key); terminal rows release the key.
+# I4: at most one active task per (owner, task_type, dedupe_key); terminal rows release the key.
+# Keys never cross owners. NULLS NOT DISTINCT: tasks submitted without an owner (the Python API)
+# still share one key space among themselves.
 Index(
     "uq_tasks_active_dedupe",
+    tasks.c.owner,
     tasks.c.task_type,
     tasks.c.dedupe_key,
     unique=True,
     postgresql_where=text("status IN ('pending', 'running') AND dedupe_key IS NOT NULL"),
+    postgresql_nulls_not_distinct=True,
 )
 # Oldest pending first for the publisher, relay and waiting_reason.
 Index(
@@ -109,6 +113,9 @@ Index(
 )
 # Keyset listing (newest first) and prune by age.
 Index("ix_tasks_created_id", tasks.c.created_at, tasks.c.id)
+# One owner's listing, summary and quota counts, without scanning other tenants' rows.
+Index("ix_tasks_owner_created", tasks.c.owner, tasks.c.created_at, tasks.c.id)
+Index("ix_tasks_owner_status", tasks.c.owner, tasks.c.status)
 Index("ix_tasks_status_type", tasks.c.status, tasks.c.task_type)
 Index(
     "ix_tasks_finished",
@@ -130,3 +137,19 @@ task_attempts = Table(
     Column("outcome", Text, nullable=True),
 )
 Index("ix_task_attempts_task", task_attempts.c.task_id, task_attempts.c.attempt)
+
+# Idempotent submission: a retried request with the same Idempotency-Key (per owner) gets the
+# task(s) the first one created. The row commits in the same transaction as those tasks, so a
+# client that gave up waiting can never create a second copy. Rows older than 24 h are pruned.
+idempotency_keys = Table(
+    "idempotency_keys",
+    metadata,
+    Column("owner", Text, primary_key=True),
+    Column("key", Text, primary_key=True),
+    # sha256 of the request (route and body): the same key with another request is refused.
+    Column("request_hash", Text, nullable=False),
+    Column("task_ids", JSONB, nullable=False),
+    Column("response", JSONB, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.clock_timestamp()),
+)
+Index("ix_idempotency_keys_created", idempotency_keys.c.created_at)

@@ -139,7 +139,7 @@ class TaskRepository:
                                dedupe_key, timeout_seconds, created_at, last_published_at)
                         VALUES (:id, :tt, :hv, CAST(:payload AS jsonb), :owner, 'pending', :dk, :timeout,
                                 {NOW}, {NOW})
-                        ON CONFLICT (task_type, dedupe_key)
+                        ON CONFLICT (owner, task_type, dedupe_key)
                             WHERE status IN {ACTIVE_SQL} AND dedupe_key IS NOT NULL
                         DO NOTHING RETURNING id"""
                     ),
@@ -155,10 +155,10 @@ class TaskRepository:
             holder = (
                 await conn.execute(
                     text(
-                        f"""SELECT id FROM tasks WHERE task_type = :tt AND dedupe_key = :dk
-                        AND status IN {ACTIVE_SQL}"""
+                        f"""SELECT id FROM tasks WHERE owner IS NOT DISTINCT FROM :owner
+                        AND task_type = :tt AND dedupe_key = :dk AND status IN {ACTIVE_SQL}"""
                     ),
-                    {"tt": new.task_type, "dk": new.dedupe_key},
+                    {"owner": new.owner, "tt": new.task_type, "dk": new.dedupe_key},
                 )
             ).scalar()
             if holder is not None:
