@@ -11,10 +11,9 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import routes_health, routes_tasks
-from app.auth import KeyRing
+from app.auth import Guard, KeyRing
 from tasks_core.db import check_schema
 from tasks_core.services import Services, build_services
 from tasks_core.settings import Settings, get_settings
@@ -24,52 +23,12 @@ claim tasks under a fresh attempt token. Authenticate with `Authorization: Beare
 (keys from `DTASK_API_KEYS`); a key sees only the tasks it submitted unless it is an admin key."""
 
 
-class BodyLimit:
-    """Refuse request bodies over the limit before reading them (413), so nothing huge is parsed."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._too_large(send)
-            return
-        seen = 0
-
-        async def limited() -> Any:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise _TooLarge
-            return message
-
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await self._too_large(send)
-
-    async def _too_large(self, send: Send) -> None:
-        body = b'{"detail":"request body too large"}'
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
-
-
-class _TooLarge(Exception):
-    pass
+# Answer without a key: probes, and the OpenAPI document (its routes still need a key).
+PUBLIC_PATHS = ("/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc")
+# Routes that check credentials themselves (the metrics token).
+OWN_AUTH_PREFIXES = ("/metrics",)
+# Path prefixes whose request bodies may exceed DTASK_MAX_REQUEST_BYTES (domains add uploads here).
+PATH_LIMITS: dict[str, int] = {}
 
 
 def _json_safe(value: Any) -> Any:
@@ -111,6 +70,10 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.include_router(routes_tasks.router)
     app.include_router(routes_health.router)
-    # A batch may carry up to 1,000 payloads; each payload is also checked against its own limit.
-    app.add_middleware(BodyLimit, limit=settings.max_request_bytes)
+    # Authenticate before reading any body; a batch may carry up to 1,000 payloads (each also
+    # checked against its own limit).
+    app.add_middleware(
+        Guard, keys=app.state.keys, limit=settings.max_request_bytes, public=PUBLIC_PATHS,
+        own_auth=OWN_AUTH_PREFIXES, path_limits=PATH_LIMITS,
+    )
     return app

@@ -12,7 +12,8 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+ROOT = Path(__file__).resolve().parent.parent
+MIGRATIONS_DIR = ROOT / "migrations"
 
 
 # `dtask` commands and Celery sub-commands: the first one on the command line names the process role.
@@ -70,6 +71,11 @@ def make_engine(
 def alembic_config(url: str | None = None) -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    # The runtime's versions, then each domain's own (domains/<name>/migrations): a domain brings
+    # its tables with it. Paths only: the core never imports a domain.
+    locations = [MIGRATIONS_DIR / "versions", *sorted(ROOT.glob("domains/*/migrations"))]
+    cfg.set_main_option("path_separator", "os")
+    cfg.set_main_option("version_locations", os.pathsep.join(str(p) for p in locations))
     if url:
         cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return cfg

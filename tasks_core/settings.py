@@ -58,8 +58,9 @@ class Settings(BaseSettings):
     worker_concurrency: int | None = None
     max_payload_bytes: int = Field(default=1024 * 1024, ge=1)
     max_dedupe_key_length: int = Field(default=200, ge=1)
-    # Whole HTTP request bodies (a batch carries many payloads); larger ones get 413 unread.
-    max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
+    # Whole HTTP request bodies: 1,000 batch entries of ~8 KiB each. Larger ones get 413, unread
+    # and before anything is parsed (an unauthenticated one gets 401 before any byte is read).
+    max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
 
     # Comma-separated extra spec modules (each defines SPECS), for task types outside this repo.
     extra_task_modules: str = ""

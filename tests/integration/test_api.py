@@ -20,10 +20,10 @@ from tasks_core.readiness import READINESS_KEY, write_readiness
 from tasks_core.services import build_services
 from tests.conftest import make_settings
 
-KEYS = "alice:alice-secret,bob:bob-secret,root:root-secret:admin"
-ALICE = {"Authorization": "Bearer alice-secret"}
-BOB = {"Authorization": "Bearer bob-secret"}
-ROOT = {"Authorization": "Bearer root-secret"}
+KEYS = "alice:alice-secret-0123456,bob:bob-secret-01234567,root:root-secret-0123456:admin"
+ALICE = {"Authorization": "Bearer alice-secret-0123456"}
+BOB = {"Authorization": "Bearer bob-secret-01234567"}
+ROOT = {"Authorization": "Bearer root-secret-0123456"}
 
 
 @pytest.fixture
@@ -65,7 +65,7 @@ async def test_every_route_but_health_needs_a_key(client: httpx.AsyncClient) -> 
         ("DELETE", f"/tasks/{tid}"),
     ]
     for method, path in calls:
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic alice-secret"}):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic alice-secret-0123456"}):
             r = await client.request(method, path, headers=headers, json={})
             assert r.status_code == 401, (method, path, headers)
     assert (await client.get("/healthz")).status_code == 200

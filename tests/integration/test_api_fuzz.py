@@ -31,8 +31,8 @@ from app.main import create_app
 from tasks_core.readiness import READINESS_KEY
 from tests.conftest import make_settings
 
-KEYS = "fuzz:fuzz-secret,other:other-secret"
-HEADERS = {"Authorization": "Bearer fuzz-secret"}
+KEYS = "fuzz:fuzz-secret-012345678,other:other-secret-01234567"
+HEADERS = {"Authorization": "Bearer fuzz-secret-012345678"}
 
 
 @pytest.fixture(scope="module")

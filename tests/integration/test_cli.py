@@ -26,11 +26,11 @@ def dtask(*args: str) -> Any:
 
 def http_get(path: str) -> dict[str, Any]:
     async def go() -> dict[str, Any]:
-        svc = build_services(make_settings(api_keys="ops:ops-secret:admin"), pool_size=1)
+        svc = build_services(make_settings(api_keys="ops:ops-secret-0123456789:admin"), pool_size=1)
         try:
             app = create_app(services=svc)
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
-                r = await c.get(path, headers={"Authorization": "Bearer ops-secret"})
+                r = await c.get(path, headers={"Authorization": "Bearer ops-secret-0123456789"})
                 assert r.status_code == 200
                 return dict(r.json())
         finally:
