@@ -161,7 +161,9 @@ class Guard:
         await self.app(scope, replay, send)
 
 
-async def _answer(send: Send, code: int, detail: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def _answer(
+    send: Send, code: int, detail: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
     body = json.dumps({"detail": detail}).encode()
     await send(
         {

@@ -65,7 +65,11 @@ async def test_every_route_but_health_needs_a_key(client: httpx.AsyncClient) -> 
         ("DELETE", f"/tasks/{tid}"),
     ]
     for method, path in calls:
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic alice-secret-0123456"}):
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"Authorization": "Basic alice-secret-0123456"},
+        ):
             r = await client.request(method, path, headers=headers, json={})
             assert r.status_code == 401, (method, path, headers)
     assert (await client.get("/healthz")).status_code == 200
