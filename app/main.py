@@ -8,12 +8,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from app import routes_health, routes_tasks
 from app.auth import Guard, KeyRing
+from app.metrics import MetricsCache
 from tasks_core.db import check_schema
 from tasks_core.services import Services, build_services
 from tasks_core.settings import Settings, get_settings
@@ -31,20 +31,29 @@ OWN_AUTH_PREFIXES = ("/metrics",)
 PATH_LIMITS: dict[str, int] = {}
 
 
-def _json_safe(value: Any) -> Any:
-    """Echoed inputs may hold Infinity/NaN (Python's JSON parser accepts them); JSON cannot."""
+def _safe_scalar(value: Any) -> Any:
+    """An echoed input as JSON can carry it: no Infinity/NaN (Python's parser accepts them), no
+    lone surrogates (they cannot be encoded), no containers (a deep one would recurse)."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    return value
+    if isinstance(value, str):
+        return value[:200].encode("utf-8", "backslashreplace").decode("utf-8")
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return None
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return JSONResponse(status_code=422, content={"detail": _json_safe(jsonable_encoder(exc.errors()))})
+    errors = []
+    for error in exc.errors():
+        entry = {k: error[k] for k in ("loc", "msg", "type") if k in error}
+        entry["msg"] = _safe_scalar(str(entry.get("msg", "")))
+        entry["loc"] = [_safe_scalar(part) for part in entry.get("loc", ())]
+        if "input" in error and _safe_scalar(error["input"]) is not None:
+            entry["input"] = _safe_scalar(error["input"])
+        errors.append(entry)
+    return JSONResponse(status_code=422, content={"detail": errors})
 
 
 def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
@@ -65,6 +74,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     app = FastAPI(title="durable-tasks", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
     app.state.keys = KeyRing(settings.api_keys)
+    app.state.metrics_cache = MetricsCache(settings.metrics_cache_seconds)
     if services is not None:
         app.state.services = services
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -73,7 +83,11 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     # Authenticate before reading any body; a batch may carry up to 1,000 payloads (each also
     # checked against its own limit).
     app.add_middleware(
-        Guard, keys=app.state.keys, limit=settings.max_request_bytes, public=PUBLIC_PATHS,
-        own_auth=OWN_AUTH_PREFIXES, path_limits=PATH_LIMITS,
+        Guard,
+        keys=app.state.keys,
+        limit=settings.max_request_bytes,
+        public=PUBLIC_PATHS,
+        own_auth=OWN_AUTH_PREFIXES,
+        path_limits=PATH_LIMITS,
     )
     return app

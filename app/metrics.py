@@ -1,7 +1,13 @@
-"""Render /metrics from PostgreSQL facts and the runtime's shared counters in Redis."""
+"""Render /metrics from PostgreSQL facts and the runtime's shared counters in Redis.
+
+The figures are cached for DTASK_METRICS_CACHE_SECONDS and refreshed by one request at a time:
+forty concurrent scrapes cost one summary query, not forty.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -22,7 +28,29 @@ class _Snapshot:
         return iter(self.families)
 
 
-async def render_metrics(svc: Services) -> tuple[bytes, str]:
+class MetricsCache:
+    def __init__(self, max_age: float) -> None:
+        self.max_age = max_age
+        self._body: bytes | None = None
+        self._at = 0.0
+        self._lock = asyncio.Lock()
+
+    async def get(self, svc: Services) -> bytes:
+        if self._body is not None and time.monotonic() - self._at < self.max_age:
+            return self._body
+        async with self._lock:  # single flight: waiters take the figures the first one fetched
+            if self._body is None or time.monotonic() - self._at >= self.max_age:
+                self._body = await render_metrics(svc)
+                self._at = time.monotonic()
+            return self._body
+
+
+async def render_metrics(svc: Services) -> bytes:
+    # This process's own counts (publishes at submit) join the shared ones before rendering.
+    try:
+        await runtime_metrics.flush(svc.redis)
+    except Exception:
+        pass  # kept for the next flush
     summary = await svc.repo.summary()
     oldest = await svc.repo.oldest_pending_age()
     try:
@@ -52,7 +80,10 @@ async def render_metrics(svc: Services) -> tuple[bytes, str]:
 
     registry = CollectorRegistry()
     registry.register(_Snapshot(families))  # type: ignore[arg-type]
-    return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(registry)
+
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 def _histogram(

@@ -115,7 +115,15 @@ Index(
 Index("ix_tasks_created_id", tasks.c.created_at, tasks.c.id)
 # One owner's listing, summary and quota counts, without scanning other tenants' rows.
 Index("ix_tasks_owner_created", tasks.c.owner, tasks.c.created_at, tasks.c.id)
-Index("ix_tasks_owner_status", tasks.c.owner, tasks.c.status)
+Index("ix_tasks_owner_status", tasks.c.owner, tasks.c.status, tasks.c.task_type)
+# An owner's pending queue: its quota, and a pending task's place among its owner's tasks.
+Index(
+    "ix_tasks_owner_pending",
+    tasks.c.owner,
+    tasks.c.created_at,
+    tasks.c.id,
+    postgresql_where=text("status = 'pending'"),
+)
 Index("ix_tasks_status_type", tasks.c.status, tasks.c.task_type)
 Index(
     "ix_tasks_finished",
@@ -135,6 +143,9 @@ task_attempts = Table(
     # When ownership really ended: the terminal commit, or the lapsed lease for a dead owner.
     Column("ended_at", DateTime(timezone=True), nullable=True),
     Column("outcome", Text, nullable=True),
+    # The full error behind the outcome (exception text may name internal hosts): for operators;
+    # task owners see only the short form in the task's `error`.
+    Column("detail", Text, nullable=True),
 )
 Index("ix_task_attempts_task", task_attempts.c.task_id, task_attempts.c.attempt)
 

@@ -28,9 +28,11 @@ async def publish_ids(services: Services, ids: list[uuid.UUID], *, by: str) -> s
     try:
         await services.transport.publish([str(i) for i in ids])
     except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
+        # Task owners read this (waiting_reason): the exception's class only, since its text can
+        # name internal hosts and ports; the details go to the log.
+        error = f"{type(exc).__name__}: the broker could not be reached"
         metrics.PUBLISH_FAILURES.inc(len(ids))
-        log.warning("publishing %d task ids failed: %s", len(ids), error)
+        log.warning("publishing %d task ids failed: %s: %s", len(ids), type(exc).__name__, exc)
         await services.repo.mark_publish_failed(ids, error)
         return error
     metrics.PUBLISHED.labels(by=by).inc(len(ids))

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from sqlalchemy import text
@@ -37,6 +37,8 @@ CAPACITY_LOCK = 0x6474_6173_6B63_6170
 LOCK_NOT_AVAILABLE = "55P03"
 ACTIVE_SQL = "('pending', 'running')"
 TERMINAL_SQL = "('success', 'failed', 'cancelled')"
+# waiting_reason counts at most this many older pending tasks of the same owner.
+WAITING_COUNT_CAP = 1000
 
 Row = Mapping[str, Any]
 Rows = list[Row]  # spelled once here: inside TaskRepository, `list` is the listing method
@@ -108,8 +110,9 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
         created = datetime.fromisoformat(stamp)
         if created.tzinfo is None:
             raise ValueError("naive timestamp")
-        return created, uuid.UUID(ident)
-    except (ValueError, UnicodeDecodeError, binascii.Error) as exc:
+        # In UTC, or it is no instant PostgreSQL can hold (year 1 at +23:59 overflows).
+        return created.astimezone(UTC), uuid.UUID(ident)
+    except (ValueError, OverflowError, UnicodeDecodeError, binascii.Error) as exc:
         raise ValueError("malformed cursor") from exc
 
 
@@ -709,48 +712,66 @@ class TaskRepository:
             ).mappings().first()
         return None if row is None else dict(row)
 
-    async def waiting_reason(self, row: Row, capacity: int) -> str | None:
-        """Why a pending task is not running yet, in words a user can act on."""
+    async def waiting_reason(
+        self, row: Row, capacity: int, *, owner_max_running: int | None = None
+    ) -> str | None:
+        """Why a pending task is not running yet, in words a user can act on.
+
+        It names only the task's own owner's queue (never the cluster's backlog, which would tell
+        one tenant about the others), and counts at most WAITING_COUNT_CAP rows: the cost stays
+        flat however many tasks are pending.
+        """
         if row["status"] != Status.PENDING:
             return None
         if row["cancel_requested_at"] is not None:
             return "cancel requested"
         if row["publish_error"]:
             return f"publish failed: {row['publish_error']}"
+        same_owner = "owner IS NULL" if row["owner"] is None else "owner = :owner"
         async with self.engine.connect() as conn:
             facts = (
                 await conn.execute(
                     text(
                         f"""SELECT CAST(:nb AS timestamptz) > {NOW} AS backoff,
                           (SELECT count(*) FROM tasks WHERE status = 'running') AS running,
-                          (SELECT count(*) FROM tasks WHERE status = 'pending'
-                             AND (created_at, id) < (CAST(:created AS timestamptz), CAST(:id AS uuid)))
-                            AS ahead"""
+                          (SELECT count(*) FROM tasks WHERE status = 'running' AND {same_owner})
+                            AS mine_running,
+                          (SELECT count(*) FROM (SELECT 1 FROM tasks WHERE status = 'pending'
+                             AND {same_owner}
+                             AND (created_at, id) < (CAST(:created AS timestamptz), CAST(:id AS uuid))
+                             LIMIT :cap + 1) older) AS ahead"""
                     ),
-                    self._p(nb=row["not_before"], created=row["created_at"], id=row["id"]),
+                    self._p(nb=row["not_before"], created=row["created_at"], id=row["id"],
+                            owner=row["owner"], cap=WAITING_COUNT_CAP),
                 )
             ).mappings().one()
+        ahead = int(facts["ahead"])
+        older = (
+            f"more than {WAITING_COUNT_CAP:,} of your older tasks" if ahead > WAITING_COUNT_CAP
+            else f"{ahead} of your older task{'s' if ahead != 1 else ''}"
+        )
         if facts["backoff"]:
             return f"retry backoff until {row['not_before'].isoformat()}"
+        if owner_max_running is not None and facts["mine_running"] >= owner_max_running:
+            return f"your running limit is reached ({facts['mine_running']} of {owner_max_running})"
         if facts["running"] >= capacity:
-            ahead = f", behind {facts['ahead']} older tasks" if facts["ahead"] else ""
-            return f"capacity full ({facts['running']} of {capacity} running){ahead}"
+            return f"capacity full ({facts['running']} of {capacity} running)" + (
+                f", behind {older}" if ahead else ""
+            )
         if row["last_published_at"] is None:
             return "not yet published"
-        if facts["ahead"]:
-            return f"behind {facts['ahead']} older pending tasks"
+        if ahead:
+            return f"behind {older}"
         return "waiting for a worker"
 
     async def summary(self, owner: str | None = None) -> dict[str, Any]:
         """Exact counts by status and by type (one owner's tasks, or all)."""
+        where, params = ("WHERE owner = :owner", {"owner": owner}) if owner is not None else ("", {})
         async with self.engine.connect() as conn:
             rows = (
                 await conn.execute(
-                    text(
-                        """SELECT task_type, status, count(*) FROM tasks
-                        WHERE CAST(:owner AS text) IS NULL OR owner = :owner GROUP BY task_type, status"""
-                    ),
-                    {"owner": owner},
+                    text(f"SELECT task_type, status, count(*) FROM tasks {where} GROUP BY task_type, status"),
+                    params,
                 )
             ).all()
         by_status: dict[str, int] = {s.value: 0 for s in Status}
@@ -783,24 +804,32 @@ class TaskRepository:
         limit: int = 50,
         cursor: str | None = None,
     ) -> tuple[list[Row], str | None]:
-        """Newest first, keyset-paged on (created_at, id): cost does not grow with the page number."""
+        """Newest first, keyset-paged on (created_at, id): cost does not grow with the page number.
+
+        Only the filters given become predicates (a ``CAST(:x) IS NULL OR ...`` form would keep
+        the planner off the owner index).
+        """
         if limit < 1:
             raise ValueError("limit must be at least 1")
-        after = decode_cursor(cursor) if cursor else (None, None)
+        conds: list[str] = []
+        params: dict[str, Any] = {"limit": limit + 1}
+        if status is not None:
+            conds.append("status = :status")
+            params["status"] = status
+        if task_type is not None:
+            conds.append("task_type = :tt")
+            params["tt"] = task_type
+        if owner is not None:
+            conds.append("owner = :owner")
+            params["owner"] = owner
+        if cursor:
+            params["c_at"], params["c_id"] = decode_cursor(cursor)
+            conds.append("(created_at, id) < (CAST(:c_at AS timestamptz), CAST(:c_id AS uuid))")
+        where = f"WHERE {' AND '.join(conds)}" if conds else ""
         async with self.engine.connect() as conn:
             rows = (
                 await conn.execute(
-                    text(
-                        """SELECT * FROM tasks
-                        WHERE (CAST(:status AS text) IS NULL OR status = :status)
-                          AND (CAST(:tt AS text) IS NULL OR task_type = :tt)
-                          AND (CAST(:owner AS text) IS NULL OR owner = :owner)
-                          AND (CAST(:c_at AS timestamptz) IS NULL
-                               OR (created_at, id) < (CAST(:c_at AS timestamptz), CAST(:c_id AS uuid)))
-                        ORDER BY created_at DESC, id DESC LIMIT :limit"""
-                    ),
-                    {"status": status, "tt": task_type, "owner": owner, "c_at": after[0],
-                     "c_id": after[1], "limit": limit + 1},
+                    text(f"SELECT * FROM tasks {where} ORDER BY created_at DESC, id DESC LIMIT :limit"), params
                 )
             ).mappings().all()
         items: list[Row] = [dict(r) for r in rows[:limit]]

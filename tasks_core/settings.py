@@ -68,6 +68,11 @@ class Settings(BaseSettings):
     prune_after_seconds: float | None = None
 
     api_keys: str = ""
+    # Bearer token for /metrics (Prometheus' `authorization` setting). Unset: only admin API keys.
+    metrics_token: str | None = None
+    # /metrics serves figures at most this old: a scrape storm costs one query per interval, never
+    # one table scan per scrape.
+    metrics_cache_seconds: float = Field(default=15.0, ge=0)
     flower_basic_auth: str | None = None
     # Where `dtask dev` keeps its embedded data.
     dev_dir: str = ".dtask"

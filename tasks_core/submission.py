@@ -50,15 +50,40 @@ class Submitted:
     publish_error: str | None = None
 
 
-def _has_nul(value: Any) -> bool:
-    """PostgreSQL text and jsonb cannot store U+0000."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
-    return False
+# Deeper payloads are refused: nothing legitimate nests this far, and a recursive walk (ours,
+# an encoder's, a handler's) would hit Python's recursion limit on a few hundred bytes of input.
+MAX_PAYLOAD_DEPTH = 64
+
+
+def _text_problem(value: str) -> str | None:
+    """PostgreSQL text and jsonb hold neither U+0000 nor lone surrogates (not valid Unicode)."""
+    if "\x00" in value:
+        return "may not contain U+0000 (PostgreSQL cannot store it)"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "must be valid Unicode (a lone surrogate such as \\ud800 is not)"
+    return None
+
+
+def _payload_problem(payload: Any) -> str | None:
+    """Walk the payload without recursion: depth, U+0000 and lone surrogates in keys and strings."""
+    stack: list[tuple[Any, int]] = [(payload, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            problem = _text_problem(value)
+            if problem:
+                return f"strings {problem}"
+        elif isinstance(value, dict | list):
+            if depth > MAX_PAYLOAD_DEPTH:
+                return f"nested deeper than {MAX_PAYLOAD_DEPTH} levels"
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                if isinstance(key, str):
+                    stack.append((key, depth))
+                stack.append((item, depth + 1))
+    return None
 
 
 def _is_number(value: Any) -> bool:
@@ -81,14 +106,15 @@ def validate(intent: TaskIntent, registry: Registry, services_settings: Any, own
         )
     if not isinstance(intent.payload, dict):
         raise InvalidTask("payload", "must be a JSON object")
+    problem = _payload_problem(intent.payload)
+    if problem:
+        raise InvalidTask("payload", problem)
     try:
         size = len(json.dumps(intent.payload, allow_nan=False).encode())
     except (TypeError, ValueError) as exc:
         raise InvalidTask("payload", f"not JSON-serializable: {exc}") from exc
     if size > s.max_payload_bytes:
         raise InvalidTask("payload", f"{size} bytes is over the {s.max_payload_bytes}-byte limit")
-    if _has_nul(intent.payload):
-        raise InvalidTask("payload", "strings may not contain U+0000 (PostgreSQL cannot store it)")
     timeout = intent.timeout_seconds
     if timeout is None:
         timeout = min(spec.timeout_seconds or s.default_timeout_seconds, s.max_timeout_seconds)
@@ -98,10 +124,11 @@ def validate(intent: TaskIntent, registry: Registry, services_settings: Any, own
         raise InvalidTask("timeout_seconds", f"must be at most {s.max_timeout_seconds:g} s")
     key = intent.dedupe_key
     if key is not None and (
-        not isinstance(key, str) or not key or len(key) > s.max_dedupe_key_length or "\x00" in key
+        not isinstance(key, str) or not key or len(key) > s.max_dedupe_key_length or _text_problem(key)
     ):
         raise InvalidTask(
-            "dedupe_key", f"must be a string of 1-{s.max_dedupe_key_length} characters, without U+0000"
+            "dedupe_key",
+            f"must be a string of 1-{s.max_dedupe_key_length} valid Unicode characters, without U+0000",
         )
     return NewTask(
         task_type=intent.task_type,

@@ -1,4 +1,4 @@
-"""dedupe keys scoped per owner, owner indexes, idempotency keys
+"""dedupe keys scoped per owner, owner indexes, idempotency keys, attempt error detail
 
 Revision ID: 0002
 Revises: 0001
@@ -25,7 +25,11 @@ def upgrade() -> None:
         postgresql_where=ACTIVE_KEYED, postgresql_nulls_not_distinct=True,
     )
     op.create_index("ix_tasks_owner_created", "tasks", ["owner", "created_at", "id"])
-    op.create_index("ix_tasks_owner_status", "tasks", ["owner", "status"])
+    op.create_index("ix_tasks_owner_status", "tasks", ["owner", "status", "task_type"])
+    op.create_index(
+        "ix_tasks_owner_pending", "tasks", ["owner", "created_at", "id"], postgresql_where=sa.text("status = 'pending'")
+    )
+    op.add_column("task_attempts", sa.Column("detail", sa.Text(), nullable=True))
     op.create_table(
         "idempotency_keys",
         sa.Column("owner", sa.Text(), nullable=False),
@@ -44,6 +48,8 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index("ix_idempotency_keys_created", table_name="idempotency_keys")
     op.drop_table("idempotency_keys")
+    op.drop_column("task_attempts", "detail")
+    op.drop_index("ix_tasks_owner_pending", table_name="tasks")
     op.drop_index("ix_tasks_owner_status", table_name="tasks")
     op.drop_index("ix_tasks_owner_created", table_name="tasks")
     op.drop_index("uq_tasks_active_dedupe", table_name="tasks")

@@ -329,7 +329,7 @@ async def test_metrics_exports_tasks_and_shared_counters(client: httpx.AsyncClie
     runtime_metrics.LEASE_LOST.inc()
     runtime_metrics.HANDLER_SECONDS.labels(task_type="diagnostics.noop").observe(0.5)
     await runtime_metrics.flush(svc.redis)
-    r = await client.get("/metrics")
+    r = await client.get("/metrics", headers=ROOT)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     text_ = r.text
     assert 'dtask_tasks{status="pending",task_type="diagnostics.noop"} 1.0' in text_
