@@ -7,6 +7,7 @@ forty concurrent scrapes cost one summary query, not forty.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import defaultdict
 from typing import Any
@@ -47,10 +48,8 @@ class MetricsCache:
 
 async def render_metrics(svc: Services) -> bytes:
     # This process's own counts (publishes at submit) join the shared ones before rendering.
-    try:
+    with contextlib.suppress(Exception):  # on failure the deltas wait for the next flush
         await runtime_metrics.flush(svc.redis)
-    except Exception:
-        pass  # kept for the next flush
     summary = await svc.repo.summary()
     oldest = await svc.repo.oldest_pending_age()
     try:

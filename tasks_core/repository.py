@@ -829,7 +829,8 @@ class TaskRepository:
         async with self.engine.connect() as conn:
             rows = (
                 await conn.execute(
-                    text(f"SELECT * FROM tasks {where} ORDER BY created_at DESC, id DESC LIMIT :limit"), params
+                    text(f"SELECT * FROM tasks {where} ORDER BY created_at DESC, id DESC LIMIT :limit"),
+                    params,
                 )
             ).mappings().all()
         items: list[Row] = [dict(r) for r in rows[:limit]]
