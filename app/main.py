@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from app import routes_health, routes_tasks
+from app import routes_health, routes_tasks, routes_types
 from app.auth import Guard, KeyRing
 from app.metrics import MetricsCache
 from tasks_core.db import check_schema
@@ -79,6 +79,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         app.state.services = services
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.include_router(routes_tasks.router)
+    app.include_router(routes_types.router)
     app.include_router(routes_health.router)
     # Authenticate before reading any body; a batch may carry up to 1,000 payloads (each also
     # checked against its own limit).

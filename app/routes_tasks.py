@@ -46,12 +46,19 @@ def _intent(body: TaskIn) -> TaskIntent:
 
 
 def _invalid(exc: InvalidTask, prefix: tuple[Any, ...] = ("body",)) -> HTTPException:
-    # The same shape as FastAPI's own validation errors, so clients handle one format.
-    return HTTPException(422, [{"loc": [*prefix, exc.field], "msg": exc.message, "type": "value_error"}])
+    # The same shape as FastAPI's own validation errors, so clients handle one format: a payload
+    # model's field errors one by one, anything else as one entry.
+    errors = [{**e, "loc": [*prefix, *e["loc"]]} for e in exc.errors] or [
+        {"loc": [*prefix, exc.field], "msg": exc.message, "type": "value_error"}
+    ]
+    return HTTPException(exc.status, errors)
 
 
 async def _view(svc: Services, row: dict[str, Any]) -> dict[str, Any]:
-    return task_view(row, await svc.repo.waiting_reason(row, svc.settings.capacity))
+    reason = await svc.repo.waiting_reason(
+        row, svc.settings.capacity, owner_max_running=svc.settings.owner_max_running
+    )
+    return task_view(row, reason)
 
 
 async def _owned(svc: Services, task_id: uuid.UUID, caller: Principal) -> dict[str, Any]:
@@ -65,11 +72,19 @@ async def _owned(svc: Services, task_id: uuid.UUID, caller: Principal) -> dict[s
     "",
     status_code=202,
     response_model=TaskOut,
-    responses={**AUTH, 409: {"model": Conflict, "description": "An active task holds the dedupe key"}},
+    responses={
+        **AUTH,
+        403: {"model": Message, "description": "This key may not submit the type (diagnostics types)"},
+        409: {"model": Conflict, "description": "An active task of yours holds the dedupe key"},
+        422: {"description": "Bad type, version, timeout or payload (checked against the type's schema)"},
+        429: {"model": Message, "description": "You already have DTASK_OWNER_MAX_PENDING pending tasks"},
+    },
 )
 async def submit_task(body: TaskIn, caller: Caller, svc: Svc) -> Any:
+    """Store the intent (pending), then publish its id. A broker failure leaves it pending, with
+    `waiting_reason` saying so: the publisher re-sends it."""
     try:
-        result = await Submitter(svc).submit(_intent(body), owner=caller.name)
+        result = await Submitter(svc).submit(_intent(body), owner=caller.name, admin=caller.admin)
     except InvalidTask as exc:
         raise _invalid(exc) from None
     if result.duplicate_of is not None:
@@ -86,12 +101,16 @@ async def submit_task(body: TaskIn, caller: Caller, svc: Svc) -> Any:
 @router.post("/batch", status_code=202, response_model=BatchOut, responses={**AUTH})
 async def submit_batch(body: BatchIn, caller: Caller, svc: Svc) -> Any:
     """Accepted entries commit in one transaction and are published in one pass."""
-    outcomes = await Submitter(svc).submit_many([_intent(t) for t in body.tasks], owner=caller.name)
+    outcomes = await Submitter(svc).submit_many(
+        [_intent(t) for t in body.tasks], owner=caller.name, admin=caller.admin
+    )
     results: list[dict[str, Any]] = []
     published = True
     for outcome in outcomes:
         if isinstance(outcome, InvalidTask):
-            results.append({"error": {"code": "invalid", "field": outcome.field, "message": outcome.message}})
+            results.append(
+                {"error": {"code": outcome.code, "field": outcome.field, "message": outcome.message}}
+            )
         elif outcome.duplicate_of is not None:
             results.append(
                 {

@@ -58,7 +58,7 @@ class TaskOut(BaseModel):
 
 
 class EntryError(BaseModel):
-    code: Literal["invalid", "duplicate"]
+    code: Literal["invalid", "forbidden", "quota", "duplicate"]
     field: str | None = None
     message: str
     task_id: UUID | None = Field(None, description="The active task holding the dedupe key")
@@ -103,3 +103,12 @@ class Fact(BaseModel):
 class Readiness(BaseModel):
     ready: bool
     facts: dict[str, Fact]
+
+
+class TaskType(BaseModel):
+    task_type: str
+    version: int = Field(description="The handler version new tasks of this type get")
+    default_timeout_seconds: float = Field(description="Used when a submission gives no timeout_seconds")
+    retry_safe: bool = Field(description="Sent back to pending (with backoff) after a lost lease")
+    max_attempts: int
+    payload_schema: dict[str, Any] = Field(description="JSON Schema the payload is checked against")

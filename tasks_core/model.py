@@ -71,12 +71,8 @@ tasks = Table(
     Column("last_published_at", DateTime(timezone=True), nullable=True),
     # Last publication failure (NULL after a successful publish): tells users why work waits.
     Column("publish_error", Text, nullable=True),
-    CheckConstraint(
-        "status IN ('pending', 'running', 'success', 'failed', 'cancelled')", name="status"
-    ),
-    CheckConstraint(
-        "timeout_seconds > 0 AND timeout_seconds < 'Infinity'::float8", name="timeout_positive"
-    ),
+    CheckConstraint("status IN ('pending', 'running', 'success', 'failed', 'cancelled')", name="status"),
+    CheckConstraint("timeout_seconds > 0 AND timeout_seconds < 'Infinity'::float8", name="timeout_positive"),
     CheckConstraint("progress >= 0 AND progress <= 100", name="progress_range"),
     CheckConstraint("handler_version >= 0", name="handler_version"),
     # A running row always has an owner and a lease; nothing else does.

@@ -20,7 +20,10 @@ async def publish_pending(services: Services) -> PublishReport:
     s = services.settings
     failed = await services.repo.fail_unrunnable_pending(services.registry, batch=s.publish_batch)
     ids = await services.repo.claim_for_publish(
-        services.registry, limit=s.publish_batch, republish_after=s.publish_seconds
+        services.registry,
+        limit=s.publish_batch,
+        republish_after=s.publish_seconds,
+        owner_max_running=s.owner_max_running,
     )
     error = await publish_ids(services, ids, by="publisher")
     return PublishReport(published=0 if error else len(ids), failed_closed=failed)

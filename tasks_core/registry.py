@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tasks_core.model import LEGACY_VERSION
@@ -47,6 +48,11 @@ class TaskSpec:
     max_attempts: int = 1
     # Optional per-type cap on running tasks, under the global capacity.
     concurrency: int | None = None
+    # The payload's pydantic model: submissions are checked against it (422 with the field errors,
+    # before anything is stored) and GET /task-types publishes its JSON Schema. None: any object.
+    payload: type[BaseModel] | None = None
+    # Built-in smoke-test types: who may submit them is DTASK_DIAGNOSTICS (admin, all, off).
+    diagnostic: bool = False
 
     def __post_init__(self) -> None:
         if self.version <= LEGACY_VERSION:

@@ -16,7 +16,12 @@ async def relay(services: Services) -> int:
     free = await services.repo.free_slots(services.settings.capacity)
     if free == 0:
         return 0
-    ids = await services.repo.claim_for_publish(services.registry, limit=free, republish_after=None)
+    ids = await services.repo.claim_for_publish(
+        services.registry,
+        limit=free,
+        republish_after=None,
+        owner_max_running=services.settings.owner_max_running,
+    )
     error = await publish_ids(services, ids, by="relay")
     return 0 if error else len(ids)
 

@@ -37,6 +37,11 @@ CAPACITY_LOCK = 0x6474_6173_6B63_6170
 LOCK_NOT_AVAILABLE = "55P03"
 ACTIVE_SQL = "('pending', 'running')"
 TERMINAL_SQL = "('success', 'failed', 'cancelled')"
+# The row's owner runs fewer than :omax tasks (no limit when :omax is NULL; tasks without an owner,
+# submitted through the Python API, are exempt). Evaluated on `tasks` rows (claim, relay, publisher).
+OWNER_UNDER_LIMIT = """(CAST(:omax AS int) IS NULL OR tasks.owner IS NULL
+    OR (SELECT count(*) FROM tasks mine WHERE mine.status = 'running' AND mine.owner = tasks.owner)
+       < CAST(:omax AS int))"""
 # waiting_reason counts at most this many older pending tasks of the same owner.
 WAITING_COUNT_CAP = 1000
 
@@ -147,8 +152,12 @@ class TaskRepository:
                         DO NOTHING RETURNING id"""
                     ),
                     self._p(
-                        id=task_id, tt=new.task_type, hv=new.handler_version,
-                        payload=json.dumps(new.payload), owner=new.owner, dk=new.dedupe_key,
+                        id=task_id,
+                        tt=new.task_type,
+                        hv=new.handler_version,
+                        payload=json.dumps(new.payload),
+                        owner=new.owner,
+                        dk=new.dedupe_key,
                         timeout=new.timeout_seconds,
                     ),
                 )
@@ -168,6 +177,25 @@ class TaskRepository:
                 return Inserted(id=holder, duplicate_of=holder)
             # The holder finished between our insert and our look-up: the key is free again.
         raise RuntimeError("dedupe key kept changing hands; giving up")
+
+    async def owner_pending(self, conn: AsyncConnection, owner: str, limit: int) -> int:
+        """The owner's pending tasks (counted up to ``limit``), holding the owner's quota lock until
+        the caller's transaction ends, so concurrent submissions of one owner cannot overshoot."""
+        await conn.execute(
+            text("SELECT pg_advisory_xact_lock(hashtextextended('dtask-owner-quota:' || :owner, 0))"),
+            {"owner": owner},
+        )
+        return int(
+            (
+                await conn.execute(
+                    text(
+                        """SELECT count(*) FROM (SELECT 1 FROM tasks WHERE status = 'pending'
+                        AND owner = :owner LIMIT :limit) mine"""
+                    ),
+                    {"owner": owner, "limit": limit},
+                )
+            ).scalar_one()
+        )
 
     async def mark_publish_failed(self, ids: Sequence[uuid.UUID], error: str) -> None:
         if ids:
@@ -191,6 +219,7 @@ class TaskRepository:
         lease_seconds: float,
         worker: str | None = None,
         lock_wait_seconds: float = 2.0,
+        owner_max_running: int | None = None,
     ) -> Claim | str:
         """Atomically move a pending task to running under a fresh token; else the refusal reason.
 
@@ -199,7 +228,9 @@ class TaskRepository:
         process blocks behind a paused peer.
         """
         try:
-            return await self._claim(task_id, registry, capacity, lease_seconds, worker, lock_wait_seconds)
+            return await self._claim(
+                task_id, registry, capacity, lease_seconds, worker, lock_wait_seconds, owner_max_running
+            )
         except DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
                 raise
@@ -227,14 +258,19 @@ class TaskRepository:
         lease_seconds: float,
         worker: str | None,
         lock_wait_seconds: float,
+        owner_max_running: int | None,
     ) -> Claim | str:
         async with self.engine.begin() as conn:
             row = (
-                await conn.execute(
-                    text("SELECT task_type, handler_version, status FROM tasks WHERE id = :id"),
-                    {"id": task_id},
+                (
+                    await conn.execute(
+                        text("SELECT task_type, handler_version, status FROM tasks WHERE id = :id"),
+                        {"id": task_id},
+                    )
                 )
-            ).mappings().first()
+                .mappings()
+                .first()
+            )
             if row is None:
                 return "unknown_task"
             if row["status"] != Status.PENDING:
@@ -251,9 +287,10 @@ class TaskRepository:
             await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CAPACITY_LOCK})
             token = uuid.uuid4()
             claimed = (
-                await conn.execute(
-                    text(
-                        f"""UPDATE tasks SET status = 'running', attempt_token = :tok,
+                (
+                    await conn.execute(
+                        text(
+                            f"""UPDATE tasks SET status = 'running', attempt_token = :tok,
                                attempt_count = attempt_count + 1,
                                lease_expires_at = {NOW} + make_interval(secs => :lease),
                                heartbeat_at = {NOW}, started_at = coalesce(started_at, {NOW}),
@@ -264,36 +301,56 @@ class TaskRepository:
                           AND (SELECT count(*) FROM tasks WHERE status = 'running') < :cap
                           AND (CAST(:tcap AS int) IS NULL OR (SELECT count(*) FROM tasks
                                WHERE status = 'running' AND task_type = :tt) < CAST(:tcap AS int))
+                          AND {OWNER_UNDER_LIMIT}
                         RETURNING *"""
-                    ),
-                    self._p(
-                        id=task_id, tok=token, lease=lease_seconds, tt=row["task_type"],
-                        hv=row["handler_version"], cap=capacity, tcap=type_cap,
-                    ),
+                        ),
+                        self._p(
+                            id=task_id,
+                            tok=token,
+                            lease=lease_seconds,
+                            tt=row["task_type"],
+                            hv=row["handler_version"],
+                            cap=capacity,
+                            tcap=type_cap,
+                            omax=owner_max_running,
+                        ),
+                    )
                 )
-            ).mappings().first()
+                .mappings()
+                .first()
+            )
             if claimed is None:
-                return await self._refusal(conn, task_id)
+                return await self._refusal(conn, task_id, owner_max_running)
             await conn.execute(
                 text(
                     """INSERT INTO task_attempts (task_id, attempt, token, worker, claimed_at)
                     VALUES (:id, :n, :tok, :worker, :at)"""
                 ),
-                {"id": task_id, "n": claimed["attempt_count"], "tok": token, "worker": worker,
-                 "at": claimed["heartbeat_at"]},
+                {
+                    "id": task_id,
+                    "n": claimed["attempt_count"],
+                    "tok": token,
+                    "worker": worker,
+                    "at": claimed["heartbeat_at"],
+                },
             )
             return Claim(task=dict(claimed), token=token, attempt=claimed["attempt_count"])
 
-    async def _refusal(self, conn: AsyncConnection, task_id: uuid.UUID) -> str:
+    async def _refusal(self, conn: AsyncConnection, task_id: uuid.UUID, owner_max_running: int | None) -> str:
         row = (
-            await conn.execute(
-                text(
-                    f"""SELECT status, cancel_requested_at IS NOT NULL AS cancel,
-                           not_before > {NOW} AS backoff FROM tasks WHERE id = :id"""
-                ),
-                self._p(id=task_id),
+            (
+                await conn.execute(
+                    text(
+                        f"""SELECT status, cancel_requested_at IS NOT NULL AS cancel,
+                           not_before > {NOW} AS backoff, NOT {OWNER_UNDER_LIMIT} AS owner_full
+                    FROM tasks WHERE id = :id"""
+                    ),
+                    self._p(id=task_id, omax=owner_max_running),
+                )
             )
-        ).mappings().first()
+            .mappings()
+            .first()
+        )
         if row is None:
             return "unknown_task"
         if row["status"] != Status.PENDING:
@@ -301,7 +358,9 @@ class TaskRepository:
         if row["cancel"]:
             return "cancel_requested"
         await self._mark_unpublished(conn, task_id)
-        return "backoff" if row["backoff"] else "capacity_full"
+        if row["backoff"]:
+            return "backoff"
+        return "owner_limit" if row["owner_full"] else "capacity_full"
 
     # ---------------------------------------------------------------- owner writes
 
@@ -344,11 +403,15 @@ class TaskRepository:
         """
         async with self.engine.connect() as conn, conn.begin():
             row = (
-                await conn.execute(
-                    text(f"SELECT * FROM tasks WHERE id = :id AND {OWNED} FOR UPDATE"),
-                    self._p(id=task_id, tok=token),
+                (
+                    await conn.execute(
+                        text(f"SELECT * FROM tasks WHERE id = :id AND {OWNED} FOR UPDATE"),
+                        self._p(id=task_id, tok=token),
+                    )
                 )
-            ).mappings().first()
+                .mappings()
+                .first()
+            )
             if row is None:
                 raise OwnershipLost(str(task_id))
             yield conn, dict(row)
@@ -420,7 +483,8 @@ class TaskRepository:
                 WHERE id = :id"""
             ),
             self._p(
-                id=row["id"], status=status.value,
+                id=row["id"],
+                status=status.value,
                 result=None if result is None else json.dumps(result),
                 error=None if error is None else json.dumps(error),
             ),
@@ -471,9 +535,12 @@ class TaskRepository:
             log.exception("failure hook of task %s (%s) raised", row["id"], row["task_type"])
             await conn.execute(
                 text("UPDATE tasks SET error = CAST(:error AS jsonb) WHERE id = :id"),
-                {"id": row["id"], "error": json.dumps(
-                    {**error, "message": f"{error['message']}; failure hook raised: {exc!r}"[:1000]}
-                )},
+                {
+                    "id": row["id"],
+                    "error": json.dumps(
+                        {**error, "message": f"{error['message']}; failure hook raised: {exc!r}"[:1000]}
+                    ),
+                },
             )
             return False
         return True
@@ -485,16 +552,19 @@ class TaskRepository:
         (running: the owner stops at its next heartbeat or control point), 'terminal', or None."""
         async with self.engine.begin() as conn:
             row = (
-                await conn.execute(
-                    text("SELECT * FROM tasks WHERE id = :id FOR UPDATE"), {"id": task_id}
-                )
-            ).mappings().first()
+                (await conn.execute(text("SELECT * FROM tasks WHERE id = :id FOR UPDATE"), {"id": task_id}))
+                .mappings()
+                .first()
+            )
             if row is None:
                 return None
             if row["status"] == Status.PENDING:
                 await self._converge(
-                    conn, dict(row), Status.CANCELLED,
-                    {"code": "cancelled", "message": "cancelled before start"}, hooks,
+                    conn,
+                    dict(row),
+                    Status.CANCELLED,
+                    {"code": "cancelled", "message": "cancelled before start"},
+                    hooks,
                 )
                 await conn.execute(
                     text(f"UPDATE tasks SET cancel_requested_at = {NOW} WHERE id = :id"), self._p(id=task_id)
@@ -560,18 +630,22 @@ class TaskRepository:
         for _ in range(batch):
             async with self.engine.begin() as conn:
                 row = (
-                    await conn.execute(
-                        text(
-                            f"""SELECT * FROM tasks
+                    (
+                        await conn.execute(
+                            text(
+                                f"""SELECT * FROM tasks
                             WHERE NOT (id = ANY(:skip)) AND (
                                 (status = 'running' AND lease_expires_at <= {NOW})
                                 OR (status IN {ACTIVE_SQL} AND handler_version = {LEGACY_VERSION})
                                 OR (status = 'pending' AND cancel_requested_at IS NOT NULL))
                             ORDER BY lease_expires_at NULLS FIRST LIMIT 1 FOR UPDATE SKIP LOCKED"""
-                        ),
-                        self._p(skip=skip),
+                            ),
+                            self._p(skip=skip),
+                        )
                     )
-                ).mappings().first()
+                    .mappings()
+                    .first()
+                )
                 if row is None:
                     break
                 try:
@@ -584,7 +658,11 @@ class TaskRepository:
         return report
 
     async def _reconcile_one(
-        self, conn: AsyncConnection, row: Row, registry: RunnableSource, report: ReconcileReport,
+        self,
+        conn: AsyncConnection,
+        row: Row,
+        registry: RunnableSource,
+        report: ReconcileReport,
         retry_delay: Any,
     ) -> None:
         version = row["handler_version"]
@@ -592,11 +670,18 @@ class TaskRepository:
         if version == LEGACY_VERSION:
             # The upgrade keeps old cancel intents: those tasks end as the user asked, cancelled.
             if cancel:
-                status, error = Status.CANCELLED, {
-                    "code": "cancelled", "message": "cancel requested before the durable runtime"}
+                status, error = (
+                    Status.CANCELLED,
+                    {"code": "cancelled", "message": "cancel requested before the durable runtime"},
+                )
             else:
-                status, error = Status.FAILED, {
-                    "code": "legacy_task", "message": "started before the durable runtime; resume explicitly"}
+                status, error = (
+                    Status.FAILED,
+                    {
+                        "code": "legacy_task",
+                        "message": "started before the durable runtime; resume explicitly",
+                    },
+                )
             ok = await self._converge(conn, row, status, error, registry)
             report.legacy += 1
         elif row["status"] == Status.PENDING:
@@ -604,17 +689,24 @@ class TaskRepository:
             # after cancel was requested): claims refuse it and the publisher skips it, so without
             # this it would stay pending forever (I3). The hook source only serves runnable versions.
             ok = await self._converge(
-                conn, row, Status.CANCELLED,
-                {"code": "cancelled", "message": "cancel requested while pending"}, registry,
+                conn,
+                row,
+                Status.CANCELLED,
+                {"code": "cancelled", "message": "cancel requested while pending"},
+                registry,
             )
             report.cancelled += 1
         else:
             spec = registry.runnable(row["task_type"], version)
             if spec is None:
                 ok = await self._converge(
-                    conn, row, Status.FAILED,
-                    {"code": "handler_unavailable",
-                     "message": f"no handler for {row['task_type']} version {version}"},
+                    conn,
+                    row,
+                    Status.FAILED,
+                    {
+                        "code": "handler_unavailable",
+                        "message": f"no handler for {row['task_type']} version {version}",
+                    },
                     None,
                 )
                 report.unrunnable += 1
@@ -627,7 +719,9 @@ class TaskRepository:
             else:
                 status = Status.CANCELLED if row["cancel_requested_at"] else Status.FAILED
                 ok = await self._converge(
-                    conn, row, status,
+                    conn,
+                    row,
+                    status,
                     {"code": "lease_expired", "message": "the owner stopped renewing its lease"},
                     registry,
                 )
@@ -641,29 +735,42 @@ class TaskRepository:
         n = 0
         async with self.engine.begin() as conn:
             rows = (
-                await conn.execute(
-                    text(
-                        f"""SELECT * FROM tasks
+                (
+                    await conn.execute(
+                        text(
+                            f"""SELECT * FROM tasks
                         WHERE status = 'pending' AND handler_version <> {LEGACY_VERSION}
                           AND (task_type, handler_version) NOT IN (
                               SELECT * FROM unnest(CAST(:types AS text[]), CAST(:versions AS int[])))
                         LIMIT :batch FOR UPDATE SKIP LOCKED"""
-                    ),
-                    {"types": [p[0] for p in pairs], "versions": [p[1] for p in pairs], "batch": batch},
+                        ),
+                        {"types": [p[0] for p in pairs], "versions": [p[1] for p in pairs], "batch": batch},
+                    )
                 )
-            ).mappings().all()
+                .mappings()
+                .all()
+            )
             for row in rows:
                 await self._converge(
-                    conn, dict(row), Status.FAILED,
-                    {"code": "handler_unavailable",
-                     "message": f"no handler for {row['task_type']} version {row['handler_version']}"},
+                    conn,
+                    dict(row),
+                    Status.FAILED,
+                    {
+                        "code": "handler_unavailable",
+                        "message": f"no handler for {row['task_type']} version {row['handler_version']}",
+                    },
                     None,
                 )
                 n += 1
         return n
 
     async def claim_for_publish(
-        self, registry: RunnableSource, *, limit: int, republish_after: float | None
+        self,
+        registry: RunnableSource,
+        *,
+        limit: int,
+        republish_after: float | None,
+        owner_max_running: int | None = None,
     ) -> list[uuid.UUID]:
         """Oldest runnable pending tasks due for (re)publication; stamps them as published.
 
@@ -685,13 +792,19 @@ class TaskRepository:
                                    AND last_published_at < {NOW} - make_interval(secs => :after)))
                               AND (task_type, handler_version) IN (
                                   SELECT * FROM unnest(CAST(:types AS text[]), CAST(:versions AS int[])))
+                              AND {OWNER_UNDER_LIMIT}
                             ORDER BY created_at, id LIMIT :limit FOR UPDATE SKIP LOCKED)
                         UPDATE tasks t SET last_published_at = {NOW}, publish_error = NULL
                         FROM due WHERE t.id = due.id
                         RETURNING t.id, t.created_at"""
                     ),
-                    self._p(after=republish_after, limit=limit,
-                            types=[p[0] for p in pairs], versions=[p[1] for p in pairs]),
+                    self._p(
+                        after=republish_after,
+                        limit=limit,
+                        omax=owner_max_running,
+                        types=[p[0] for p in pairs],
+                        versions=[p[1] for p in pairs],
+                    ),
                 )
             ).all()
         return [r[0] for r in sorted(ids, key=lambda r: (r[1], r[0]))]
@@ -708,8 +821,10 @@ class TaskRepository:
     async def get(self, task_id: uuid.UUID) -> Row | None:
         async with self.engine.connect() as conn:
             row = (
-                await conn.execute(text("SELECT * FROM tasks WHERE id = :id"), {"id": task_id})
-            ).mappings().first()
+                (await conn.execute(text("SELECT * FROM tasks WHERE id = :id"), {"id": task_id}))
+                .mappings()
+                .first()
+            )
         return None if row is None else dict(row)
 
     async def waiting_reason(
@@ -730,9 +845,10 @@ class TaskRepository:
         same_owner = "owner IS NULL" if row["owner"] is None else "owner = :owner"
         async with self.engine.connect() as conn:
             facts = (
-                await conn.execute(
-                    text(
-                        f"""SELECT CAST(:nb AS timestamptz) > {NOW} AS backoff,
+                (
+                    await conn.execute(
+                        text(
+                            f"""SELECT CAST(:nb AS timestamptz) > {NOW} AS backoff,
                           (SELECT count(*) FROM tasks WHERE status = 'running') AS running,
                           (SELECT count(*) FROM tasks WHERE status = 'running' AND {same_owner})
                             AS mine_running,
@@ -740,14 +856,23 @@ class TaskRepository:
                              AND {same_owner}
                              AND (created_at, id) < (CAST(:created AS timestamptz), CAST(:id AS uuid))
                              LIMIT :cap + 1) older) AS ahead"""
-                    ),
-                    self._p(nb=row["not_before"], created=row["created_at"], id=row["id"],
-                            owner=row["owner"], cap=WAITING_COUNT_CAP),
+                        ),
+                        self._p(
+                            nb=row["not_before"],
+                            created=row["created_at"],
+                            id=row["id"],
+                            owner=row["owner"],
+                            cap=WAITING_COUNT_CAP,
+                        ),
+                    )
                 )
-            ).mappings().one()
+                .mappings()
+                .one()
+            )
         ahead = int(facts["ahead"])
         older = (
-            f"more than {WAITING_COUNT_CAP:,} of your older tasks" if ahead > WAITING_COUNT_CAP
+            f"more than {WAITING_COUNT_CAP:,} of your older tasks"
+            if ahead > WAITING_COUNT_CAP
             else f"{ahead} of your older task{'s' if ahead != 1 else ''}"
         )
         if facts["backoff"]:
@@ -828,11 +953,15 @@ class TaskRepository:
         where = f"WHERE {' AND '.join(conds)}" if conds else ""
         async with self.engine.connect() as conn:
             rows = (
-                await conn.execute(
-                    text(f"SELECT * FROM tasks {where} ORDER BY created_at DESC, id DESC LIMIT :limit"),
-                    params,
+                (
+                    await conn.execute(
+                        text(f"SELECT * FROM tasks {where} ORDER BY created_at DESC, id DESC LIMIT :limit"),
+                        params,
+                    )
                 )
-            ).mappings().all()
+                .mappings()
+                .all()
+            )
         items: list[Row] = [dict(r) for r in rows[:limit]]
         nxt = encode_cursor(items[-1]["created_at"], items[-1]["id"]) if len(rows) > limit else None
         return items, nxt
@@ -840,10 +969,15 @@ class TaskRepository:
     async def attempts(self, task_id: uuid.UUID) -> Rows:
         async with self.engine.connect() as conn:
             rows = (
-                await conn.execute(
-                    text("SELECT * FROM task_attempts WHERE task_id = :id ORDER BY attempt"), {"id": task_id}
+                (
+                    await conn.execute(
+                        text("SELECT * FROM task_attempts WHERE task_id = :id ORDER BY attempt"),
+                        {"id": task_id},
+                    )
                 )
-            ).mappings().all()
+                .mappings()
+                .all()
+            )
         return [dict(r) for r in rows]
 
     async def schema_revision(self) -> str | None:

@@ -66,8 +66,13 @@ async def run_task(services: Services, raw_id: object, shutdown: ShutdownSignal 
         return RunOutcome(False, "worker_shutting_down")
     s = services.settings
     claim = await services.repo.claim(
-        task_id, services.registry, capacity=s.capacity, lease_seconds=s.lease_seconds,
-        worker=services.worker_name, lock_wait_seconds=min(2.0, s.heartbeat_seconds),
+        task_id,
+        services.registry,
+        capacity=s.capacity,
+        lease_seconds=s.lease_seconds,
+        worker=services.worker_name,
+        lock_wait_seconds=min(2.0, s.heartbeat_seconds),
+        owner_max_running=s.owner_max_running,
     )
     if isinstance(claim, str):
         log.info("task %s not claimed: %s", task_id, claim)
@@ -104,7 +109,10 @@ class Execution:
         self.task_id: uuid.UUID = claim.task["id"]
         self.token = claim.token
         self.ctx = TaskContext(
-            services.repo, dict(claim.task), claim.token, claim.attempt,
+            services.repo,
+            dict(claim.task),
+            claim.token,
+            claim.attempt,
             progress_delta=services.settings.progress_delta,
         )
         self.stop_reason: str | None = None

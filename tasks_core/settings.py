@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -68,6 +69,13 @@ class Settings(BaseSettings):
     prune_after_seconds: float | None = None
 
     api_keys: str = ""
+    # Who may submit the built-in diagnostics types: admin keys only (default), every key, or
+    # nobody. They exist for operators' smoke tests, not as free compute for every tenant.
+    diagnostics: Literal["admin", "all", "off"] = "admin"
+    # Per-owner limits (unset: none). Pending is checked at submit (HTTP 429); running is enforced
+    # at claim, like the capacity, so one tenant cannot hold every slot while others wait.
+    owner_max_pending: int | None = Field(default=None, ge=1)
+    owner_max_running: int | None = Field(default=None, ge=1)
     # Bearer token for /metrics (Prometheus' `authorization` setting). Unset: only admin API keys.
     metrics_token: str | None = None
     # /metrics serves figures at most this old: a scrape storm costs one query per interval, never

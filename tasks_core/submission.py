@@ -15,21 +15,44 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from tasks_core.registry import Registry
+from tasks_core.registry import Registry, TaskSpec
 from tasks_core.relay import publish_ids
 from tasks_core.repository import NewTask
 from tasks_core.services import Services
+from tasks_core.settings import Settings
 
 MAX_BATCH = 1000
 
 
 class InvalidTask(ValueError):
-    def __init__(self, field_name: str, message: str) -> None:
+    """A refused intent: nothing was stored. ``status`` is the HTTP answer, ``code`` the batch
+    entry's error code; ``errors`` the payload model's field errors, where there are any."""
+
+    status = 422
+    code = "invalid"
+
+    def __init__(self, field_name: str, message: str, errors: list[dict[str, Any]] | None = None) -> None:
         super().__init__(f"{field_name}: {message}")
         self.field = field_name
         self.message = message
+        self.errors = errors or []
+
+
+class Forbidden(InvalidTask):
+    """The caller may not submit this type (diagnostics types and DTASK_DIAGNOSTICS)."""
+
+    status = 403
+    code = "forbidden"
+
+
+class OverQuota(InvalidTask):
+    """The owner already has DTASK_OWNER_MAX_PENDING pending tasks."""
+
+    status = 429
+    code = "quota"
 
 
 @dataclass(frozen=True)
@@ -90,13 +113,42 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def validate(intent: TaskIntent, registry: Registry, services_settings: Any, owner: str | None) -> NewTask:
-    s = services_settings
+def may_submit(spec: TaskSpec, settings: Settings, admin: bool) -> bool:
+    """Diagnostics types follow DTASK_DIAGNOSTICS; every other type is open to every key."""
+    if not spec.diagnostic:
+        return True
+    return settings.diagnostics == "all" or (settings.diagnostics == "admin" and admin)
+
+
+def _check_payload_model(spec: TaskSpec, payload: dict[str, Any]) -> None:
+    if spec.payload is None:
+        return
+    try:
+        spec.payload.model_validate(payload)
+    except ValidationError as exc:
+        errors = [
+            {"loc": ["payload", *e["loc"]], "msg": e["msg"], "type": e["type"]}
+            for e in exc.errors(include_url=False, include_input=False)
+        ]
+        summary = "; ".join(f"{'.'.join(map(str, e['loc'][1:])) or '(object)'}: {e['msg']}" for e in errors)
+        raise InvalidTask("payload", summary, errors) from None
+
+
+def validate(
+    intent: TaskIntent, registry: Registry, settings: Settings, owner: str | None, *, admin: bool = True
+) -> NewTask:
+    s = settings
     if not isinstance(intent.task_type, str) or not intent.task_type:
         raise InvalidTask("task_type", "must be a non-empty string")
     spec = registry.get(intent.task_type)
     if spec is None:
-        raise InvalidTask("task_type", f"unknown task type {intent.task_type!r}")
+        known = ", ".join(sorted(t.task_type for t in registry.specs() if may_submit(t, s, admin)))
+        raise InvalidTask("task_type", f"unknown task type {intent.task_type!r}; known types: {known}")
+    if not may_submit(spec, s, admin):
+        who = "nobody" if s.diagnostics == "off" else "admin keys only"
+        raise Forbidden(
+            "task_type", f"{spec.task_type} is a diagnostics type: {who} here (DTASK_DIAGNOSTICS)"
+        )
     version = intent.handler_version
     if version is None:
         version = spec.version
@@ -115,6 +167,7 @@ def validate(intent: TaskIntent, registry: Registry, services_settings: Any, own
         raise InvalidTask("payload", f"not JSON-serializable: {exc}") from exc
     if size > s.max_payload_bytes:
         raise InvalidTask("payload", f"{size} bytes is over the {s.max_payload_bytes}-byte limit")
+    _check_payload_model(spec, intent.payload)
     timeout = intent.timeout_seconds
     if timeout is None:
         timeout = min(spec.timeout_seconds or s.default_timeout_seconds, s.max_timeout_seconds)
@@ -143,16 +196,30 @@ def validate(intent: TaskIntent, registry: Registry, services_settings: Any, own
 class SubmitTransaction:
     """Intents added here commit with the caller's domain writes on ``conn``."""
 
-    def __init__(self, submitter: Submitter, conn: AsyncConnection, owner: str | None) -> None:
+    def __init__(self, submitter: Submitter, conn: AsyncConnection, owner: str | None, admin: bool) -> None:
         self.submitter = submitter
         self.conn = conn
         self.owner = owner
+        self.admin = admin
         self.results: list[Submitted] = []
+        self._pending: int | None = None  # the owner's pending count, once this transaction read it
 
     async def add(self, intent: TaskIntent) -> Submitted:
-        new = validate(intent, self.submitter.services.registry, self.submitter.services.settings, self.owner)
-        inserted = await self.submitter.services.repo.insert(self.conn, new)
+        services = self.submitter.services
+        new = validate(intent, services.registry, services.settings, self.owner, admin=self.admin)
+        limit = services.settings.owner_max_pending
+        if limit is not None and self.owner is not None:
+            if self._pending is None:
+                # Locks the owner's quota until commit: concurrent submissions cannot overshoot it.
+                self._pending = await services.repo.owner_pending(self.conn, self.owner, limit)
+            if self._pending >= limit:
+                raise OverQuota(
+                    "task_type", f"you have {limit} pending tasks, the most allowed (DTASK_OWNER_MAX_PENDING)"
+                )
+        inserted = await services.repo.insert(self.conn, new)
         result = Submitted(task_id=inserted.id, duplicate_of=inserted.duplicate_of)
+        if inserted.duplicate_of is None and self._pending is not None:
+            self._pending += 1
         self.results.append(result)
         return result
 
@@ -162,27 +229,30 @@ class Submitter:
         self.services = services
 
     @asynccontextmanager
-    async def transaction(self, owner: str | None = None) -> AsyncIterator[SubmitTransaction]:
+    async def transaction(
+        self, owner: str | None = None, *, admin: bool = True
+    ) -> AsyncIterator[SubmitTransaction]:
+        """``admin=False`` for callers acting for an ordinary API key (diagnostics policy)."""
         async with self.services.engine.connect() as conn:
             async with conn.begin():
-                tx = SubmitTransaction(self, conn, owner)
+                tx = SubmitTransaction(self, conn, owner, admin)
                 yield tx
             # Committed: now, and only now, the ids may travel.
             await self._publish([r for r in tx.results if r.duplicate_of is None])
 
-    async def submit(self, intent: TaskIntent, owner: str | None = None) -> Submitted:
-        async with self.transaction(owner) as tx:
+    async def submit(self, intent: TaskIntent, owner: str | None = None, *, admin: bool = True) -> Submitted:
+        async with self.transaction(owner, admin=admin) as tx:
             result = await tx.add(intent)
         return result
 
     async def submit_many(
-        self, intents: Sequence[TaskIntent], owner: str | None = None
+        self, intents: Sequence[TaskIntent], owner: str | None = None, *, admin: bool = True
     ) -> list[Submitted | InvalidTask]:
         """Validate each entry; the valid ones commit in one transaction and publish in one pass."""
         if len(intents) > MAX_BATCH:
             raise InvalidTask("tasks", f"at most {MAX_BATCH} tasks per batch")
         outcomes: list[Submitted | InvalidTask] = []
-        async with self.transaction(owner) as tx:
+        async with self.transaction(owner, admin=admin) as tx:
             for intent in intents:
                 try:
                     outcomes.append(await tx.add(intent))

@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import math
 from typing import Any
 
 from sqlalchemy.dialects.postgresql import insert
 
 from domains.diagnostics.model import diagnostics_effects, diagnostics_runs
+from domains.diagnostics.payloads import FailPayload, SleepPayload
 from tasks_core.context import TaskContext
 
 
 async def noop(ctx: TaskContext) -> Any:
     return ctx.payload
-
-
-def _number(payload: dict[str, Any], key: str, default: float) -> float:
-    value = payload.get(key, default)
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{key} must be a non-negative finite number")
-    return float(value)
 
 
 async def sleep(ctx: TaskContext) -> Any:
@@ -29,9 +22,8 @@ async def sleep(ctx: TaskContext) -> Any:
     With ``"effects": true`` each step also writes a side-effect row stamped with the attempt
     token inside an owning transaction (the fault campaign counts them).
     """
-    seconds = _number(ctx.payload, "seconds", 1.0)
-    steps = max(1, int(_number(ctx.payload, "steps", 1)))
-    effects = bool(ctx.payload.get("effects", False))
+    args = SleepPayload.model_validate(ctx.payload)  # checked at submit; typed here
+    seconds, steps, effects = args.seconds, args.steps, args.effects
     async with ctx.owning_transaction() as conn:
         stmt = insert(diagnostics_runs).values(
             task_id=ctx.task_id, attempt_token=ctx.attempt_token, status="running", steps_done=0
@@ -62,4 +54,4 @@ async def sleep(ctx: TaskContext) -> Any:
 
 
 async def fail(ctx: TaskContext) -> Any:
-    raise RuntimeError(str(ctx.payload.get("message", "diagnostics.fail raised on purpose")))
+    raise RuntimeError(FailPayload.model_validate(ctx.payload).message)

@@ -1,21 +1,36 @@
-"""Registry entries of the diagnostics domain (module paths only: nothing is imported here)."""
+"""Registry entries of the diagnostics domain: handlers by module path (imported when a task runs),
+payload models (light: the API checks submissions against them)."""
 
+from typing import Any
+
+from domains.diagnostics.payloads import FailPayload, SleepPayload
 from tasks_core.registry import TaskSpec
 
-_HOOKS = {
+_COMMON: dict[str, Any] = {
     "on_success": "domains.diagnostics.hooks:on_success",
     "on_failure": "domains.diagnostics.hooks:on_failure",
+    "diagnostic": True,
 }
+_SLEEP: dict[str, Any] = {**_COMMON, "payload": SleepPayload, "timeout_seconds": 6 * 3600}
 
 SPECS = (
-    TaskSpec("diagnostics.noop", "domains.diagnostics.handlers:noop", timeout_seconds=60, **_HOOKS),
-    TaskSpec("diagnostics.sleep", "domains.diagnostics.handlers:sleep", **_HOOKS),
-    TaskSpec("diagnostics.fail", "domains.diagnostics.handlers:fail", timeout_seconds=60, **_HOOKS),
+    TaskSpec("diagnostics.noop", "domains.diagnostics.handlers:noop", timeout_seconds=60, **_COMMON),
+    TaskSpec("diagnostics.sleep", "domains.diagnostics.handlers:sleep", **_SLEEP),
+    TaskSpec(
+        "diagnostics.fail",
+        "domains.diagnostics.handlers:fail",
+        timeout_seconds=60,
+        payload=FailPayload,
+        **_COMMON,
+    ),
     # The same sleep handler, declared retry-safe: its only effects are writes of its own rows inside
     # owning transactions, stamped with the attempt token (idempotent and fenced), so a lost lease or
     # a worker shutdown sends it back to pending, up to three attempts in all.
     TaskSpec(
-        "diagnostics.sleep_retry_safe", "domains.diagnostics.handlers:sleep", retry_safe=True, max_attempts=3,
-        **_HOOKS,
+        "diagnostics.sleep_retry_safe",
+        "domains.diagnostics.handlers:sleep",
+        retry_safe=True,
+        max_attempts=3,
+        **_SLEEP,
     ),
 )

@@ -29,7 +29,9 @@ ROOT = {"Authorization": "Bearer root-secret-0123456"}
 @pytest.fixture
 async def svc(clean_db: None) -> AsyncIterator[Any]:
     services = build_services(
-        make_settings(api_keys=KEYS, max_payload_bytes=2048, max_request_bytes=200_000), pool_size=5
+        # Every key may submit the diagnostics types here; their default policy is tested apart.
+        make_settings(api_keys=KEYS, max_payload_bytes=2048, max_request_bytes=200_000, diagnostics="all"),
+        pool_size=5,
     )
     yield services
     await services.close()

@@ -41,7 +41,7 @@ def live_api() -> Iterator[str]:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
-    app = create_app(settings=make_settings(api_keys=KEYS))
+    app = create_app(settings=make_settings(api_keys=KEYS, diagnostics="all"))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -31,7 +31,10 @@ METRICS_TOKEN = "scrape-token-0123456789"
 @pytest.fixture
 async def svc(clean_db: None) -> AsyncIterator[Any]:
     services = build_services(
-        make_settings(api_keys=KEYS, metrics_token=METRICS_TOKEN, metrics_cache_seconds=3600), pool_size=5
+        make_settings(
+            api_keys=KEYS, metrics_token=METRICS_TOKEN, metrics_cache_seconds=3600, diagnostics="all"
+        ),
+        pool_size=5,
     )
     yield services
     await services.close()

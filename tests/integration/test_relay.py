@@ -13,7 +13,7 @@ from tasks_core.submission import Submitter, TaskIntent
 async def test_relay_resends_only_tasks_whose_message_was_dropped(services: Any, redis_client: Any) -> None:
     repo, registry = services.repo, services.registry
     submitted = [
-        (await Submitter(services).submit(TaskIntent("diagnostics.sleep", {"i": i}))).task_id
+        (await Submitter(services).submit(TaskIntent("diagnostics.sleep", {"steps": i + 1}))).task_id
         for i in range(6)
     ]
     assert redis_client.llen("durable") == 6
