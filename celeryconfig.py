@@ -18,9 +18,11 @@ result_serializer = "json"
 accept_content = ["json"]
 event_serializer = "json"
 
-# Nothing reads Celery results: the task row holds the outcome.
+# Nothing reads Celery results: the task row holds the outcome. (No result expiry either, so beat
+# schedules no celery.backend_cleanup: built-in tasks are not registered, see celery_app.)
 task_ignore_result = True
 result_backend = None
+result_expires = None
 
 # Two queues: long durable work, and the short duties that recover it. Every worker consumes both,
 # and its concurrency (capacity + 2 by default) leaves children free for duties, so long tasks can
@@ -79,9 +81,9 @@ beat_schedule = {
     },
 }
 if _s.prune_after_seconds:
+    # No argument: the worker reads the retention from its own settings (a message cannot lower it).
     beat_schedule["prune-terminal"] = {
         "task": "dtask.prune",
         "schedule": 3600.0,
-        "args": [_s.prune_after_seconds],
         "options": {"queue": DUTIES_QUEUE, "expires": 3600.0},
     }

@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 
 from celery import Celery
 from celery.signals import (
+    after_setup_logger,
+    after_setup_task_logger,
     beat_init,
     worker_init,
     worker_process_init,
@@ -26,7 +28,7 @@ from celery.signals import (
     worker_shutting_down,
 )
 
-from tasks_core import metrics
+from tasks_core import logs, metrics
 from tasks_core.runtime import ShutdownSignal
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,22 @@ T = TypeVar("T")
 
 app = Celery("durable_tasks")
 app.config_from_object("celeryconfig")
+OUR_TASKS = frozenset({"dtask.run", "dtask.publish", "dtask.reconcile", "dtask.prune"})
+
+
+@app.on_after_finalize.connect
+def _only_our_tasks(sender: Celery, **_: Any) -> None:
+    """Celery registers built-in tasks (celery.accumulate, celery.chord_unlock, ...) in every app.
+    We use none of them, and anyone who can write to the broker could run them: a message naming
+    anything but our own tasks is discarded as unregistered."""
+    for name in [n for n in sender.tasks if n not in OUR_TASKS]:
+        sender.tasks.unregister(name)
+
+
+@after_setup_logger.connect
+@after_setup_task_logger.connect
+def _truncate_logs(logger: logging.Logger | None = None, **_: Any) -> None:
+    logs.install(logger)
 
 # The signal a worker's main process sends its pool children to start the durable shutdown.
 # (Billiard uses SIGTERM/SIGUSR1 itself.)
@@ -180,16 +198,24 @@ def reconcile() -> dict[str, Any]:
 
 
 @app.task(name="dtask.prune", ignore_result=True)
-def prune(older_than_seconds: Any) -> int:
+def prune(older_than_seconds: Any = None) -> int:
+    """Delete terminal tasks older than the configured retention (DTASK_PRUNE_AFTER_SECONDS, or a
+    day when unset). A message may ask for an older cutoff, never a younger one: anyone who can
+    write to the broker could otherwise wipe the history (prune(1e-9))."""
+    from tasks_core.pruner import MIN_PRUNE_AGE_SECONDS
     from tasks_core.pruner import prune as run_prune
+    from tasks_core.settings import get_settings
 
-    if (
-        not isinstance(older_than_seconds, int | float)
-        or isinstance(older_than_seconds, bool)
-        or not math.isfinite(older_than_seconds)
-        or older_than_seconds <= 0
-    ):
-        log.warning("dropping prune message with bad age %r", older_than_seconds)
-        return 0
+    floor = get_settings().prune_after_seconds or MIN_PRUNE_AGE_SECONDS
+    age = floor
+    if older_than_seconds is not None:
+        if (
+            not isinstance(older_than_seconds, int | float)
+            or isinstance(older_than_seconds, bool)
+            or not math.isfinite(older_than_seconds)
+        ):
+            log.warning("dropping prune message with bad age %s", logs.short(older_than_seconds))
+            return 0
+        age = max(float(older_than_seconds), floor)
     state = process_state()
-    return state.run(run_prune(state.services, float(older_than_seconds)))
+    return state.run(run_prune(state.services, age))

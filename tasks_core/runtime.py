@@ -15,7 +15,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, cast
 
-from tasks_core import metrics
+from tasks_core import logs, metrics
 from tasks_core.context import TaskCancelled, TaskContext
 from tasks_core.model import Status
 from tasks_core.registry import TaskSpec
@@ -54,7 +54,7 @@ def parse_task_id(raw: object) -> uuid.UUID | None:
 async def run_task(services: Services, raw_id: object, shutdown: ShutdownSignal | None = None) -> RunOutcome:
     task_id = parse_task_id(raw_id)
     if task_id is None:
-        log.warning("dropping malformed task message %r", raw_id)
+        log.warning("dropping malformed task message %s", logs.short(raw_id))
         return RunOutcome(False, "malformed_message")
     if shutdown is not None and shutdown.event.is_set():
         # A message handed to this child just as the worker began its warm shutdown: claiming it

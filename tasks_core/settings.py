@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     # Comma-separated extra spec modules (each defines SPECS), for task types outside this repo.
     extra_task_modules: str = ""
     # Beat prunes terminal tasks older than this; None keeps them until `dtask prune`.
-    prune_after_seconds: float | None = None
+    prune_after_seconds: float | None = Field(default=None, gt=0)
 
     api_keys: str = ""
     # Who may submit the built-in diagnostics types: admin keys only (default), every key, or
@@ -85,10 +85,12 @@ class Settings(BaseSettings):
     # Where `dtask dev` keeps its embedded data.
     dev_dir: str = ".dtask"
 
-    @field_validator("lease_seconds", "reconcile_seconds", "publish_seconds", "max_timeout_seconds")
+    @field_validator(
+        "lease_seconds", "reconcile_seconds", "publish_seconds", "max_timeout_seconds", "prune_after_seconds"
+    )
     @classmethod
-    def _finite(cls, value: float) -> float:
-        if not math.isfinite(value):
+    def _finite(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
             raise ValueError("must be finite")
         return value
 

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 # A diagnostics sleep writes at most one effect row per step: this bounds the rows a task can write.
-MAX_STEPS = 10_000
+MAX_STEPS = 100_000
 MAX_SLEEP_SECONDS = 24 * 3600.0
 
 

@@ -51,7 +51,7 @@ async def test_task_types_publish_versions_timeouts_and_payload_schemas(client: 
     assert sleep["default_timeout_seconds"] == 6 * 3600
     schema = sleep["payload_schema"]
     assert schema["additionalProperties"] is False
-    assert schema["properties"]["steps"]["maximum"] == 10_000
+    assert schema["properties"]["steps"]["maximum"] == 100_000
     assert types["diagnostics.sleep_retry_safe"]["retry_safe"] is True
     assert types["diagnostics.noop"]["payload_schema"] == {"type": "object"}
     assert (await client.get("/task-types")).status_code == 401

@@ -23,7 +23,7 @@ DOCKERFILE = DOCKER / "Dockerfile"
 ENV_EXAMPLE = DOCKER / ".env.example"
 
 EXPECTED_APP_COMMANDS = {"migrate", "api", "worker", "beat", "flower"}
-HEALTHCHECKED = {"postgres", "redis", "minio", "milvus", "api"}
+HEALTHCHECKED = {"postgres", "redis", "minio", "milvus", "api", "worker", "beat"}
 MAY_PUBLISH_PORTS = {"api", "flower"}
 # ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?err}, ${VAR?err}
 _VAR = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
@@ -147,9 +147,22 @@ def test_app_environment_points_at_the_compose_services() -> None:
         env = {k: with_defaults(str(v)) for k, v in service["environment"].items()}
         assert env["DTASK_DATABASE_URL"].startswith("postgresql+asyncpg://"), name
         assert "@postgres:5432/" in env["DTASK_DATABASE_URL"], name
-        assert env["DTASK_BROKER_URL"].startswith("redis://redis:6379/"), name
+        assert env["DTASK_BROKER_URL"].startswith("redis://:@redis:6379/"), name  # with its password
         assert env["DTASK_MILVUS_URI"] and env["DTASK_MINIO_ENDPOINT"].startswith("minio:"), name
         assert "DTASK_FLOWER_BASIC_AUTH" in service["environment"], name
+
+
+def test_no_secret_has_a_default_and_ports_bind_loopback_by_default() -> None:
+    text = COMPOSE.read_text()
+    for name in ("POSTGRES_PASSWORD", "REDIS_PASSWORD", "MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD",
+                 "DTASK_API_KEYS", "DTASK_FLOWER_BASIC_AUTH"):
+        uses = [m for m in _VAR.finditer(text) if m["name"] == name]
+        assert uses and all(m["op"] == ":?" for m in uses), f"{name} must be required (${{{name}:?...}})"
+    assert "--requirepass" in services()["redis"]["command"]
+    for name in MAY_PUBLISH_PORTS:
+        for port in services()[name]["ports"]:
+            bound = with_defaults(str(port))
+            assert bound.startswith("127.0.0.1:"), f"{name} publishes {port} beyond loopback"
 
 
 def test_flower_listens_for_the_published_port_with_auth_from_the_environment() -> None:
