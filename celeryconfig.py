@@ -50,8 +50,14 @@ task_acks_late = False
 task_reject_on_worker_lost = False
 worker_prefetch_multiplier = 1
 worker_disable_prefetch = True
-# Only matters if someone turns on late acks: never re-deliver before the longest allowed task.
-broker_transport_options = {"visibility_timeout": int(_s.max_timeout_seconds) + 3600}
+# visibility_timeout only matters if someone turns on late acks: never re-deliver before the
+# longest allowed task. Socket timeouts: a paused Redis fails a publish in seconds instead of
+# hanging its thread forever (workers' BRPOP polls every second, well inside them).
+broker_transport_options = {
+    "visibility_timeout": int(_s.max_timeout_seconds) + 3600,
+    "socket_timeout": 5,
+    "socket_connect_timeout": 2,
+}
 
 # No Celery time limits: the durable timeout (task row, enforced by the runtime) is the only one,
 # and it ends the task through its terminal transaction and hooks. A Celery hard limit would kill

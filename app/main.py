@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -10,11 +11,13 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from redis.exceptions import RedisError
+from sqlalchemy.exc import DBAPIError
 
 from app import routes_health, routes_tasks, routes_types
 from app.auth import Guard, KeyRing
 from app.metrics import MetricsCache
-from tasks_core.db import check_schema
+from tasks_core.db import check_schema, is_transient
 from tasks_core.services import Services, build_services
 from tasks_core.settings import Settings, get_settings
 
@@ -23,6 +26,8 @@ claim tasks under a fresh attempt token. Authenticate with `Authorization: Beare
 (keys from `DTASK_API_KEYS`); a key sees only the tasks it submitted unless it is an admin key."""
 
 
+log = logging.getLogger(__name__)
+RETRY_AFTER_SECONDS = 5
 # Answer without a key: probes, and the OpenAPI document (its routes still need a key).
 PUBLIC_PATHS = ("/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc")
 # Routes that check credentials themselves (the metrics token).
@@ -41,6 +46,19 @@ def _safe_scalar(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float):
         return value
     return None
+
+
+async def _dependency_error(request: Request, exc: Exception) -> JSONResponse:
+    """PostgreSQL or Redis unreachable (or too slow): 503 naming which, never a 500 or a hang."""
+    if not (is_transient(exc) or isinstance(exc, RedisError)):
+        raise exc
+    dependency = "redis" if isinstance(exc, RedisError) else "postgres"
+    log.warning("%s %s: %s unavailable: %s", request.method, request.url.path, dependency, type(exc).__name__)
+    return JSONResponse(
+        status_code=503,
+        content={"detail": f"{dependency} is unavailable; try again shortly", "dependency": dependency},
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+    )
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -62,7 +80,9 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         own = services is None
-        svc = services or build_services(settings, pool_size=10)
+        svc = services or build_services(
+            settings, pool_size=10, statement_seconds=settings.api_database_timeout_seconds
+        )
         if own:
             await check_schema(svc.engine)  # fail closed before serving anything
         app.state.services = svc
@@ -78,6 +98,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     if services is not None:
         app.state.services = services
     app.add_exception_handler(RequestValidationError, _validation_error)
+    for kind in (DBAPIError, OSError, TimeoutError, RedisError):
+        app.add_exception_handler(kind, _dependency_error)
     app.include_router(routes_tasks.router)
     app.include_router(routes_types.router)
     app.include_router(routes_health.router)

@@ -18,6 +18,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from tasks_core import metrics as runtime_metrics
 from tasks_core.services import Services
 
+# A paused Redis costs a scrape at most this long per call.
+REDIS_SECONDS = 0.5
+
 
 class _Snapshot:
     """A one-shot collector over values fetched (asynchronously) just before rendering."""
@@ -49,11 +52,11 @@ class MetricsCache:
 async def render_metrics(svc: Services) -> bytes:
     # This process's own counts (publishes at submit) join the shared ones before rendering.
     with contextlib.suppress(Exception):  # on failure the deltas wait for the next flush
-        await runtime_metrics.flush(svc.redis)
+        await asyncio.wait_for(runtime_metrics.flush(svc.redis), REDIS_SECONDS)
     summary = await svc.repo.summary()
     oldest = await svc.repo.oldest_pending_age()
-    try:
-        shared = await runtime_metrics.read(svc.redis)
+    try:  # the shared counters are lost for this scrape only; the database figures still serve
+        shared = await asyncio.wait_for(runtime_metrics.read(svc.redis), REDIS_SECONDS)
     except Exception:
         shared = {}
 

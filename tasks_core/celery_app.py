@@ -75,6 +75,8 @@ class ProcessState:
         # workers share a host, and operators must tell which one owned an attempt.
         extra = {"worker_name": f"{_node_name}:{self.pid}"} if _node_name else None
         self.services = build_services(get_settings(), pool_size=3, extra=extra)
+        # An unresponsive handler was left running in this loop: the process must be recycled.
+        self.abandoned = False
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         try:
@@ -95,7 +97,11 @@ class ProcessState:
         try:
             self.runner.run(self.services.close())
         finally:
-            self.runner.close()
+            # Runner.close() waits for every task left in the loop to finish its cancellation; a
+            # handler that ignores cancellation would hold the process forever. Then the process
+            # exits without closing the loop.
+            if not self.abandoned:
+                self.runner.close()
 
 
 _state: ProcessState | None = None
@@ -175,10 +181,21 @@ def _on_shutting_down(**_: Any) -> None:
 
 @app.task(name="dtask.run", ignore_result=True)
 def run(task_id: Any) -> str:
-    from tasks_core.runtime import run_task
+    from tasks_core.runtime import HandlerUnresponsive, run_task
 
     state = process_state()
-    return state.run(run_task(state.services, task_id, state.shutdown)).status
+    try:
+        return state.run(run_task(state.services, task_id, state.shutdown)).status
+    except HandlerUnresponsive as exc:
+        # The handler still runs in this process's event loop and would run on during the next
+        # task. Its attempt has ended; recycle the process (billiard reports the SystemExit as this
+        # job's result and starts a fresh child). The solo pool has no child to recycle.
+        state.abandoned = True
+        if _is_pool_child():
+            log.error("recycling this pool process: an unresponsive handler still runs in it")
+            raise SystemExit(1) from exc
+        log.error("an unresponsive handler keeps running in this solo worker; restart it to stop it")
+        return str(exc.args[0])
 
 
 @app.task(name="dtask.publish", ignore_result=True)

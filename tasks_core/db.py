@@ -9,7 +9,7 @@ from pathlib import Path
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,12 +48,56 @@ def application_name() -> str:
     return f"dtask-{role}:{os.getpid()}"[:63]  # PostgreSQL keeps 63 bytes
 
 
+# SQLSTATEs worth trying again: the server restarting or shutting down, a dropped connection,
+# serialization failures and deadlocks (the transaction was rolled back and may simply be re-run),
+# and a statement cancelled by a timeout.
+TRANSIENT_SQLSTATES = frozenset(
+    {"40001", "40P01", "57P01", "57P02", "57P03", "57014", "08000", "08001", "08003", "08004", "08006"}
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a database call failed for a reason that may pass (restart, blink, timeout), as
+    opposed to a statement that is wrong and would fail again."""
+    if isinstance(exc, OSError | TimeoutError | ConnectionError):
+        return True
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        orig = exc.orig
+        cause = getattr(orig, "__cause__", None)
+        if isinstance(orig, OSError | TimeoutError) or isinstance(cause, OSError | TimeoutError):
+            return True
+        states = {getattr(orig, "sqlstate", None), getattr(cause, "sqlstate", None)}
+        if states & TRANSIENT_SQLSTATES:
+            return True
+        # Connection-level failures (closed connection, cannot connect) surface as these.
+        return isinstance(exc, OperationalError | InterfaceError) and not states - {None}
+    try:
+        import asyncpg
+    except ImportError:  # pragma: no cover - asyncpg is a dependency
+        return False
+    return isinstance(exc, asyncpg.PostgresConnectionError | asyncpg.InterfaceError) or (
+        getattr(exc, "sqlstate", None) in TRANSIENT_SQLSTATES
+    )
+
+
 def make_engine(
-    url: str, *, pool_size: int = 5, idle_in_transaction_seconds: float | None = None
+    url: str,
+    *,
+    pool_size: int = 5,
+    idle_in_transaction_seconds: float | None = None,
+    statement_seconds: float | None = None,
+    connect_seconds: float = 5.0,
 ) -> AsyncEngine:
-    """An asyncpg engine. ``idle_in_transaction_seconds`` lets PostgreSQL end a session that sits
-    inside a transaction that long: a paused or partitioned process must not keep holding the
-    capacity lock or a task row (which would stall every claim, or the reconciler, cluster-wide)."""
+    """An asyncpg engine whose every call has a deadline.
+
+    ``statement_seconds`` bounds each statement on the client side (a paused or partitioned server
+    never answers, so a server-side timeout would not fire); ``connect_seconds`` bounds a new
+    connection and the wait for a pooled one. ``idle_in_transaction_seconds`` lets PostgreSQL end a
+    session that sits inside a transaction that long: a paused or partitioned process must not keep
+    holding the capacity lock or a task row (which would stall every claim, or the reconciler,
+    cluster-wide)."""
     # pool_pre_ping: a worker whose backend was terminated reconnects instead of failing a write.
     connect_args: dict[str, object] = {}
     if "+asyncpg" in url.split("://", 1)[0]:
@@ -63,8 +107,16 @@ def make_engine(
                 max(1, int(idle_in_transaction_seconds * 1000))
             )
         connect_args["server_settings"] = server
+        connect_args["timeout"] = connect_seconds
+        if statement_seconds:
+            connect_args["command_timeout"] = statement_seconds
     return create_async_engine(
-        url, pool_size=pool_size, max_overflow=5, pool_pre_ping=True, connect_args=connect_args
+        url,
+        pool_size=pool_size,
+        max_overflow=5,
+        pool_pre_ping=True,
+        pool_timeout=connect_seconds,
+        connect_args=connect_args,
     )
 
 

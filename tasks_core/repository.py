@@ -24,6 +24,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from tasks_core.db import is_transient
 from tasks_core.model import LEGACY_VERSION, Status
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,11 @@ Rows = list[Row]  # spelled once here: inside TaskRepository, `list` is the list
 
 class OwnershipLost(Exception):
     """The attempt's lease lapsed, its token was replaced, or the task is no longer running."""
+
+
+class HookFailed(Exception):
+    """A domain hook raised inside the terminal transaction (rolled back). Its cause is the hook's
+    exception; a transient database error under it is re-raised as itself instead."""
 
 
 class HookSource(Protocol):
@@ -435,11 +441,13 @@ class TaskRepository:
         status: Status,
         result: Any = None,
         error: dict[str, str] | None = None,
+        detail: str | None = None,
     ) -> Status:
         """The owner's terminal transaction: status, hook, dedupe release, attempt record.
 
         Cancel intent beats a concurrent success. Raises OwnershipLost (nothing written) if the
-        attempt no longer owns the task; a hook's exception rolls everything back and propagates.
+        attempt no longer owns the task; a hook's exception rolls everything back and is raised as
+        HookFailed (a transient database error inside the hook as itself, to be retried).
         """
         async with self.owning_transaction(task_id, token) as (conn, row):
             if status == Status.SUCCESS and row["cancel_requested_at"] is not None:
@@ -447,10 +455,38 @@ class TaskRepository:
                 error = {"code": "cancelled", "message": "cancel requested"}
             # The attempt's outcome is the reason where there is one (timeout, handler_error, ...).
             outcome = error["code"] if error else status.value
-            await self._terminal(conn, row, status, result=result, error=error, outcome=outcome)
+            await self._terminal(
+                conn, row, status, result=result, error=error, outcome=outcome, detail=detail
+            )
             if hooks is not None:
-                await self._run_hook(conn, hooks, row, status)
+                try:
+                    await self._run_hook(conn, hooks, row, status)
+                except Exception as exc:
+                    if is_transient(exc):
+                        raise
+                    kind = "success" if status == Status.SUCCESS else "failure"
+                    raise HookFailed(
+                        f"the {kind} hook of {row['task_type']} raised {type(exc).__name__}"
+                    ) from exc
         return status
+
+    async def attempt_outcome(self, token: uuid.UUID) -> str | None:
+        """The task status an ended attempt wrote (None while it has not ended, or never committed).
+
+        After a blink that ate a COMMIT's answer, a retried terminal write is refused: this tells
+        whether the first one in fact committed."""
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    text(
+                        """SELECT t.status FROM task_attempts a JOIN tasks t ON t.id = a.task_id
+                        WHERE a.token = :tok AND a.ended_at IS NOT NULL AND t.attempt_token IS NULL
+                          AND t.attempt_count = a.attempt AND a.outcome <> 'lease_expired'"""
+                    ),
+                    {"tok": token},
+                )
+            ).first()
+        return None if row is None else str(row[0])
 
     async def release(self, task_id: uuid.UUID, token: uuid.UUID, *, outcome: str, delay: float) -> bool:
         """Hand a retry-safe task back to pending (worker shutdown); False if no longer owned."""
@@ -472,8 +508,9 @@ class TaskRepository:
         result: Any = None,
         error: dict[str, str] | None = None,
         outcome: str,
+        detail: str | None = None,
     ) -> None:
-        await self._end_attempt(conn, row, outcome)
+        await self._end_attempt(conn, row, outcome, detail)
         await conn.execute(
             text(
                 f"""UPDATE tasks SET status = :status, finished_at = {NOW}, attempt_token = NULL,
@@ -490,14 +527,17 @@ class TaskRepository:
             ),
         )
 
-    async def _end_attempt(self, conn: AsyncConnection, row: Row, outcome: str) -> None:
+    async def _end_attempt(
+        self, conn: AsyncConnection, row: Row, outcome: str, detail: str | None = None
+    ) -> None:
         # A dead owner's attempt ended when its lease lapsed, not when we noticed.
         await conn.execute(
             text(
-                f"""UPDATE task_attempts SET ended_at = least({NOW}, :lease), outcome = :outcome
+                f"""UPDATE task_attempts SET ended_at = least({NOW}, :lease), outcome = :outcome,
+                       detail = :detail
                 WHERE token = :tok AND ended_at IS NULL"""
             ),
-            self._p(tok=row["attempt_token"], lease=row["lease_expires_at"], outcome=outcome),
+            self._p(tok=row["attempt_token"], lease=row["lease_expires_at"], outcome=outcome, detail=detail),
         )
 
     async def _to_pending(self, conn: AsyncConnection, row: Row, *, outcome: str, delay: float) -> None:

@@ -8,8 +8,10 @@ fenced by the attempt token and the lease.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
+import traceback
 import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -17,10 +19,12 @@ from typing import Any, cast
 
 from tasks_core import logs, metrics
 from tasks_core.context import TaskCancelled, TaskContext
+from tasks_core.db import is_transient
+from tasks_core.lease import DatabaseUnavailable, LeaseClock, retry_transient
 from tasks_core.model import Status
 from tasks_core.registry import TaskSpec
 from tasks_core.relay import relay
-from tasks_core.repository import Claim, OwnershipLost
+from tasks_core.repository import Claim, HookFailed, OwnershipLost
 from tasks_core.services import Services
 
 log = logging.getLogger(__name__)
@@ -34,6 +38,11 @@ class ShutdownSignal:
 
     def set(self) -> None:
         self.event.set()
+
+
+class HandlerUnresponsive(Exception):
+    """The handler ignored cancellation and still runs in this process's event loop: the process
+    must be recycled (its terminal state, ``args[0]``, has been written where it could be)."""
 
 
 @dataclass
@@ -65,15 +74,25 @@ async def run_task(services: Services, raw_id: object, shutdown: ShutdownSignal 
         await services.repo.message_dropped(task_id)
         return RunOutcome(False, "worker_shutting_down")
     s = services.settings
-    claim = await services.repo.claim(
-        task_id,
-        services.registry,
-        capacity=s.capacity,
-        lease_seconds=s.lease_seconds,
-        worker=services.worker_name,
-        lock_wait_seconds=min(2.0, s.heartbeat_seconds),
-        owner_max_running=s.owner_max_running,
-    )
+    sent = time.monotonic()
+    try:
+        claim = await services.repo.claim(
+            task_id,
+            services.registry,
+            capacity=s.capacity,
+            lease_seconds=s.lease_seconds,
+            worker=services.worker_name,
+            lock_wait_seconds=min(2.0, s.heartbeat_seconds),
+            owner_max_running=s.owner_max_running,
+        )
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        # Nothing is lost: the row is still pending (the publisher re-sends it), or the claim
+        # committed unseen and its lease lapses into the reconciler's hands.
+        log.warning("task %s not claimed: database unavailable (%s)", task_id, type(exc).__name__)
+        metrics.CLAIM_REFUSED.labels(reason="database_unavailable").inc()
+        return RunOutcome(False, "database_unavailable")
     if isinstance(claim, str):
         log.info("task %s not claimed: %s", task_id, claim)
         metrics.CLAIM_REFUSED.labels(reason=claim.split(":")[0]).inc()
@@ -85,7 +104,10 @@ async def run_task(services: Services, raw_id: object, shutdown: ShutdownSignal 
     metrics.CLAIMS.inc()
     spec = services.registry.runnable(claim.task["task_type"], claim.task["handler_version"])
     assert spec is not None  # the claim checked it
-    status = await Execution(services, claim, spec, shutdown or ShutdownSignal()).run()
+    execution = Execution(services, claim, spec, shutdown or ShutdownSignal(), claim_sent_at=sent)
+    status = await execution.run()
+    if execution.unresponsive:
+        raise HandlerUnresponsive(status)
     if status != "lost":
         # A slot just freed (or a task went back to pending): hand it on without waiting for beat.
         await _relay_quietly(services, task_id)
@@ -100,7 +122,22 @@ async def _relay_quietly(services: Services, task_id: uuid.UUID) -> None:
 
 
 class Execution:
-    def __init__(self, services: Services, claim: Claim, spec: TaskSpec, shutdown: ShutdownSignal) -> None:
+    """One attempt: the handler, its heartbeat, timeout, cancel and shutdown, then the terminal write.
+
+    The heartbeat keeps renewing the lease until the terminal write is done (a slow cleanup after
+    cancel must not lose the lease), and every database call of the attempt rides out a blink while
+    the lease may still be valid (``LeaseClock``).
+    """
+
+    def __init__(
+        self,
+        services: Services,
+        claim: Claim,
+        spec: TaskSpec,
+        shutdown: ShutdownSignal,
+        *,
+        claim_sent_at: float | None = None,
+    ) -> None:
         self.services = services
         self.repo = services.repo
         self.claim = claim
@@ -108,15 +145,22 @@ class Execution:
         self.shutdown = shutdown
         self.task_id: uuid.UUID = claim.task["id"]
         self.token = claim.token
+        self.lease = LeaseClock(services.settings.lease_seconds, renewed_at=claim_sent_at)
         self.ctx = TaskContext(
             services.repo,
             dict(claim.task),
             claim.token,
             claim.attempt,
             progress_delta=services.settings.progress_delta,
+            lease=self.lease,
         )
         self.stop_reason: str | None = None
         self._handler_task: asyncio.Task[Any] | None = None
+        # Set once the terminal write starts: the heartbeat then only keeps the lease alive, and a
+        # refusal it sees is the terminal commit itself, not a lost lease.
+        self._finishing = False
+        # The handler ignored its cancellation for the whole grace period (it still runs).
+        self.unresponsive = False
 
     def stop(self, reason: str) -> None:
         """First reason wins; the handler is cancelled so its finally blocks clean up."""
@@ -134,44 +178,70 @@ class Execution:
         self._handler_task = asyncio.create_task(
             cast(Coroutine[Any, Any, Any], handler(self.ctx)), name=f"handler-{self.task_id}"
         )
-        guards = [
-            asyncio.create_task(self._heartbeat(), name="heartbeat"),
-            asyncio.create_task(self._watch_shutdown(), name="shutdown-watch"),
-        ]
+        heartbeat = asyncio.create_task(self._heartbeat(), name="heartbeat")
+        watch = asyncio.create_task(self._watch_shutdown(), name="shutdown-watch")
         # Local monotonic time is fine for the timeout: it measures this attempt's own run time.
         timer = loop.call_later(float(self.claim.task["timeout_seconds"]), self.stop, "timeout")
         try:
-            await asyncio.wait({self._handler_task})
+            await self._wait_for_handler()
+            metrics.HANDLER_SECONDS.labels(task_type=self.spec.task_type).observe(time.monotonic() - started)
+            self._finishing = True
+            return await self._finalize(self._handler_task)
         finally:
             timer.cancel()
-            for guard in guards:
+            for guard in (heartbeat, watch):
                 guard.cancel()
-            await asyncio.gather(*guards, return_exceptions=True)
-        metrics.HANDLER_SECONDS.labels(task_type=self.spec.task_type).observe(time.monotonic() - started)
-        return await self._finalize(self._handler_task)
+            await asyncio.gather(heartbeat, watch, return_exceptions=True)
+
+    async def _wait_for_handler(self) -> None:
+        """Until the handler ends; once it has been told to stop, at most the cleanup grace more."""
+        assert self._handler_task is not None
+        grace = self.services.settings.cleanup_grace_seconds
+        while not self._handler_task.done():
+            stopped_before = self.stop_reason is not None
+            done, _ = await asyncio.wait({self._handler_task}, timeout=grace if stopped_before else 0.5)
+            if not done and stopped_before:
+                self.unresponsive = True
+                log.error(
+                    "task %s (%s): the handler ignored its cancellation (%s) for %.0f s; ending the "
+                    "attempt without it",
+                    self.task_id, self.spec.task_type, self.stop_reason, grace,
+                )
+                return
 
     async def _heartbeat(self) -> None:
+        """Renew the lease every lease/3 and read cancel intent, until the terminal write is done.
+
+        Each renewal has a deadline below the interval; a failed one is retried at once with short
+        backoff, and the attempt is given up only when the lease can no longer be valid.
+        """
         s = self.services.settings
-        last_renewed = time.monotonic()
+        interval = s.heartbeat_seconds
+        delay = interval
+        backoff = 0.1
         while True:
-            await asyncio.sleep(s.heartbeat_seconds)
+            await asyncio.sleep(delay)
+            sent = time.monotonic()
             try:
-                beat = await self.repo.heartbeat(self.task_id, self.token, s.lease_seconds)
-            except Exception:
-                log.warning("heartbeat of %s failed; retrying", self.task_id, exc_info=True)
-                if time.monotonic() - last_renewed >= s.lease_seconds:
-                    # We cannot have renewed in time: the lease is gone, writes would be refused.
+                async with asyncio.timeout(interval):
+                    beat = await self.repo.heartbeat(self.task_id, self.token, s.lease_seconds)
+            except Exception as exc:
+                if self.lease.remaining() <= 0:
+                    log.warning("task %s: no renewal reached the database within the lease", self.task_id)
                     self.stop("lost")
                     return
+                log.warning("heartbeat of %s failed (%s); retrying", self.task_id, type(exc).__name__)
+                delay, backoff = min(backoff, max(self.lease.remaining(), 0.01)), min(backoff * 2, 1.0)
                 continue
+            delay, backoff = interval, 0.1
             if not beat.owned:
-                metrics.FENCED_WRITES_REJECTED.labels(write="heartbeat").inc()
-                self.stop("lost")
+                if not self._finishing:
+                    metrics.FENCED_WRITES_REJECTED.labels(write="heartbeat").inc()
+                    self.stop("lost")
                 return
-            last_renewed = time.monotonic()
-            if beat.cancel_requested:
-                self.stop("cancelled")
-                return
+            self.lease.renewed(sent)
+            if beat.cancel_requested and not self._finishing:
+                self.stop("cancelled")  # and keep beating through the handler's cleanup
 
     async def _watch_shutdown(self) -> None:
         await self.shutdown.event.wait()
@@ -179,6 +249,17 @@ class Execution:
         self.stop("worker_shutdown")
 
     async def _finalize(self, done: asyncio.Task[Any]) -> str:
+        if self.unresponsive:
+            if self.stop_reason == "lost":
+                return self._lost()
+            return await self._finish(
+                Status.FAILED,
+                error=_err(
+                    "handler_unresponsive",
+                    f"the handler ignored its cancellation ({self.stop_reason}) for "
+                    f"{self.services.settings.cleanup_grace_seconds:g} s",
+                ),
+            )
         reason = self.stop_reason
         exc: BaseException | None = None if done.cancelled() else done.exception()
         if isinstance(exc, OwnershipLost):
@@ -200,13 +281,22 @@ class Execution:
             return await self._shutdown_outcome()
         assert exc is not None
         log.warning("task %s handler raised", self.task_id, exc_info=exc)
-        return await self._finish(Status.FAILED, error=_err("handler_error", f"{type(exc).__name__}: {exc}"))
+        code = "database_unavailable" if isinstance(exc, DatabaseUnavailable) else "handler_error"
+        return await self._finish(Status.FAILED, error=_err(code, _short(exc)), detail=_detail(exc))
 
     async def _shutdown_outcome(self) -> str:
         # A hand-back that races a cancel request leaves a pending row with cancel intent; the
         # reconciler ends it `cancelled` (with its hook) on its next run.
         if self.spec.retry_safe and self.claim.attempt < self.spec.max_attempts:
-            if await self.repo.release(self.task_id, self.token, outcome="worker_shutdown", delay=0):
+            try:
+                released = await retry_transient(
+                    lambda: self.repo.release(self.task_id, self.token, outcome="worker_shutdown", delay=0),
+                    lambda: self.lease.deadline,
+                    f"hand-back of {self.task_id}",
+                )
+            except DatabaseUnavailable:
+                return self._lost()
+            if released:
                 return Status.PENDING.value
             metrics.FENCED_WRITES_REJECTED.labels(write="release").inc()
             return "lost"
@@ -215,47 +305,89 @@ class Execution:
         )
 
     async def _finish(
-        self, status: Status, *, result: Any = None, error: dict[str, str] | None = None
+        self,
+        status: Status,
+        *,
+        result: Any = None,
+        error: dict[str, str] | None = None,
+        detail: str | None = None,
     ) -> str:
-        """The terminal transaction with its hook. If that fails (a hook raised, the result is not
-        JSON), the task still ends: failed with the failure hook, and if even that hook raises,
-        failed without it, so a broken hook can never leave a task running."""
+        """The terminal transaction with its hook, retried through a database blink while the lease
+        may hold. If the result is not JSON or the hook raises, the task still ends: failed with the
+        failure hook, and if even that hook raises, failed without it, so a broken hook can never
+        leave a task running."""
+        if status == Status.SUCCESS:
+            try:
+                json.dumps(result, allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                status, result = Status.FAILED, None
+                error = _err("bad_result", f"the handler's result is not JSON: {_short(exc)}")
         try:
-            return await self._terminal(status, result, error, hooks=True)
-        except OwnershipLost:
-            return self._lost()
-        except Exception as exc:
-            log.exception("terminal transaction of %s failed", self.task_id)
-            code = "bad_result" if isinstance(exc, TypeError) else "hook_failed"
-            failure = _err(code, f"{type(exc).__name__}: {exc}")
+            return await self._terminal(status, result, error, hooks=True, detail=detail)
+        except (OwnershipLost, DatabaseUnavailable) as exc:
+            return self._gone(exc)
+        except HookFailed as exc:
+            log.error("task %s: %s", self.task_id, exc, exc_info=exc.__cause__)
+            failure, detail = _err("hook_failed", str(exc)), _detail(exc.__cause__ or exc)
+        if status == Status.SUCCESS:  # the success hook failed: the failure hook converges instead
+            try:
+                return await self._terminal(Status.FAILED, None, failure, hooks=True, detail=detail)
+            except (OwnershipLost, DatabaseUnavailable) as exc:
+                return self._gone(exc)
+            except HookFailed as exc:
+                log.error("task %s: %s too; ending the task without hooks", self.task_id, exc)
         try:
-            return await self._terminal(Status.FAILED, None, failure, hooks=True)
-        except OwnershipLost:
-            return self._lost()
-        except Exception:
-            log.exception("failure hook of %s raised; ending the task without it", self.task_id)
-        try:
-            return await self._terminal(Status.FAILED, None, failure, hooks=False)
-        except OwnershipLost:
-            return self._lost()
+            return await self._terminal(Status.FAILED, None, failure, hooks=False, detail=detail)
+        except (OwnershipLost, DatabaseUnavailable) as exc:
+            return self._gone(exc)
 
     async def _terminal(
-        self, status: Status, result: Any, error: dict[str, str] | None, *, hooks: bool
+        self, status: Status, result: Any, error: dict[str, str] | None, *, hooks: bool, detail: str | None
     ) -> str:
         registry = self.services.registry if hooks else None
         try:
-            final = await self.repo.finish(
-                self.task_id, self.token, registry, status=status, result=result, error=error
+            final = await retry_transient(
+                lambda: self.repo.finish(
+                    self.task_id, self.token, registry, status=status, result=result, error=error,
+                    detail=detail,
+                ),
+                lambda: self.lease.deadline,
+                f"terminal write of {self.task_id}",
             )
         except OwnershipLost:
+            # A COMMIT whose answer was lost to a blink, then retried, is refused: the attempt row
+            # says whether it was ours.
+            ended = await self.repo.attempt_outcome(self.token)
+            if ended is not None:
+                return ended
             metrics.FENCED_WRITES_REJECTED.labels(write="finish").inc()
             raise
         return final.value
+
+    def _gone(self, exc: Exception) -> str:
+        if isinstance(exc, DatabaseUnavailable):
+            log.error(
+                "task %s: the database stayed unreachable until the lease ran out; the reconciler "
+                "converges the task",
+                self.task_id,
+            )
+        return self._lost()
 
     def _lost(self) -> str:
         metrics.LEASE_LOST.inc()
         log.warning("task %s: lease lost before its terminal write; nothing written", self.task_id)
         return "lost"
+
+
+def _short(exc: BaseException) -> str:
+    """What a task's owner reads: the exception's class and the first line of its message."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}"[:300] if first else type(exc).__name__
+
+
+def _detail(exc: BaseException) -> str:
+    """What an operator reads in the attempt record: the whole exception, traceback included."""
+    return "".join(traceback.format_exception(exc))[-8000:]
 
 
 def _err(code: str, message: str) -> dict[str, str]:

@@ -51,20 +51,28 @@ def build_services(
     registry: Registry | None = None,
     pool_size: int = 5,
     extra: dict[str, Any] | None = None,
+    statement_seconds: float | None = None,
 ) -> Services:
+    """The engine's statements get ``statement_seconds`` each (default: a lease — no statement of
+    ours may outlast one: an owning transaction that long has lost its lease anyway)."""
     from tasks_core.transport import CeleryTransport  # imports Celery; keep out of light paths
 
+    deadline = statement_seconds or settings.lease_seconds
     # No session of ours ever needs to idle inside a transaction longer than a lease: an owning
     # transaction that long has lost its lease anyway (its row lock blocks the heartbeat).
     engine = make_engine(
-        settings.require_database(), pool_size=pool_size, idle_in_transaction_seconds=settings.lease_seconds
+        settings.require_database(),
+        pool_size=pool_size,
+        idle_in_transaction_seconds=settings.lease_seconds,
+        statement_seconds=deadline,
+        connect_seconds=min(5.0, deadline),
     )
     return Services(
         settings=settings,
         engine=engine,
         repo=TaskRepository(engine),
         registry=registry or default_registry(_extra_modules(settings)),
-        transport=transport or CeleryTransport(),
+        transport=transport or CeleryTransport(timeout=settings.publish_timeout_seconds),
         **(extra or {}),
     )
 

@@ -45,6 +45,10 @@ class Settings(BaseSettings):
     capacity: int = Field(default=4, ge=1)
     # On worker shutdown, running handlers get this long to finish before they are stopped.
     shutdown_grace_seconds: float = Field(default=10.0, ge=0)
+    # A handler told to stop (cancel, timeout, shutdown, lost lease) gets this long to clean up (the
+    # lease is renewed meanwhile); one that is still running then is declared unresponsive, its
+    # attempt ends failed (handler_unresponsive) and its pool process is recycled.
+    cleanup_grace_seconds: float = Field(default=30.0, ge=0)
     # Progress is persisted only when it moved at least this much (a new message always is).
     progress_delta: float = Field(default=1.0, ge=0)
     # Batch sizes keep each duty run short and bounded.
@@ -59,6 +63,12 @@ class Settings(BaseSettings):
     worker_concurrency: int | None = None
     max_payload_bytes: int = Field(default=1024 * 1024, ge=1)
     max_dedupe_key_length: int = Field(default=200, ge=1)
+    # Every database statement the api sends has this deadline (and so does a new connection): with
+    # PostgreSQL paused or gone, each route answers 503 within about two seconds instead of hanging.
+    api_database_timeout_seconds: float = Field(default=1.5, gt=0, allow_inf_nan=False)
+    # A publish to the broker gives up after this long (the task stays pending and says why; the
+    # publisher re-sends it): a paused Redis must not hold a submission.
+    publish_timeout_seconds: float = Field(default=1.5, gt=0, allow_inf_nan=False)
     # Whole HTTP request bodies: 1,000 batch entries of ~8 KiB each. Larger ones get 413, unread
     # and before anything is parsed (an unauthenticated one gets 401 before any byte is read).
     max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 from celery import Celery
 
@@ -15,17 +16,27 @@ DUTIES_QUEUE = "duties"
 RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 
 
+# Publishing blocks (kombu is synchronous), so it runs in threads of its own: a hung broker can tie
+# these up, never the default executor that handlers' blocking client calls rely on.
+_PUBLISHERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="dtask-publish")
+
+
 class CeleryTransport:
-    def __init__(self, app: Celery | None = None) -> None:
+    def __init__(self, app: Celery | None = None, *, timeout: float | None = None) -> None:
         if app is None:
             from tasks_core.celery_app import app as default_app
 
             app = default_app
         self.app = app
+        self.timeout = timeout
 
     async def publish(self, task_ids: list[str]) -> None:
+        """Publish off the event loop, within ``timeout`` seconds (TimeoutError past it: the
+        publish may still complete later, which at-least-once delivery allows)."""
         if task_ids:
-            await asyncio.to_thread(self.publish_sync, task_ids)
+            loop = asyncio.get_running_loop()
+            sending = loop.run_in_executor(_PUBLISHERS, self.publish_sync, task_ids)
+            await asyncio.wait_for(sending, self.timeout)
 
     def publish_sync(self, task_ids: list[str]) -> None:
         with self.app.producer_or_acquire() as producer:

@@ -21,6 +21,33 @@ async def record_cleanup(ctx: TaskContext) -> Any:
         EVENTS.append(("cleanup", ctx.task_id))
 
 
+# Set by a test to let swallow_cancel (and whatever still runs of it) finish.
+RELEASE: list[bool] = []
+
+
+async def swallow_cancel(ctx: TaskContext) -> Any:
+    """A badly written handler: it catches its own cancellation and carries on."""
+    while not RELEASE:
+        try:
+            await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            EVENTS.append(("swallowed", ctx.task_id))
+    return {"released": True}
+
+
+async def slow_cleanup(ctx: TaskContext) -> Any:
+    """Runs until cancelled, then cleans up for longer than a lease (``cleanup`` seconds)."""
+    try:
+        await asyncio.sleep(3600)
+    finally:
+        await asyncio.sleep(float(ctx.payload.get("cleanup", 1)))
+        EVENTS.append(("cleaned", ctx.task_id))
+
+
+async def broken_hook(conn: Any, task: Any, status: str) -> None:
+    raise RuntimeError("hook exploded on purpose (host db-internal-7:5432)")
+
+
 async def unserializable(ctx: TaskContext) -> Any:
     return {"not json": object()}
 
@@ -30,4 +57,9 @@ TEST_SPECS = (
              on_failure="domains.diagnostics.hooks:on_failure"),
     TaskSpec("test.retry_safe", "tests.handlers_for_tests:record_cleanup", retry_safe=True, max_attempts=3),
     TaskSpec("test.unserializable", "tests.handlers_for_tests:unserializable"),
+    TaskSpec("test.swallow_cancel", "tests.handlers_for_tests:swallow_cancel",
+             on_failure="domains.diagnostics.hooks:on_failure"),
+    TaskSpec("test.slow_cleanup", "tests.handlers_for_tests:slow_cleanup"),
+    TaskSpec("test.broken_success_hook", "domains.diagnostics.handlers:noop",
+             on_success="tests.handlers_for_tests:broken_hook"),
 )

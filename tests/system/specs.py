@@ -9,3 +9,8 @@ SPECS = (
         on_success="domains.diagnostics.hooks:on_success", on_failure="domains.diagnostics.hooks:on_failure",
     ),
 )
+SPECS = (
+    *SPECS,
+    # A handler that catches its own cancellation and carries on (tests.handlers_for_tests).
+    TaskSpec("system.swallow_cancel", "tests.handlers_for_tests:swallow_cancel"),
+)

@@ -389,3 +389,37 @@ async def test_worker_and_beat_refuse_a_database_whose_schema_is_not_current(clu
             assert "ready." not in log and "Sending due task" not in log, f"{proc.name}:\n{log}"
     finally:
         drop_database(admin, name)
+
+
+async def test_a_handler_that_ignores_cancel_ends_unresponsive_and_its_pool_process_is_recycled(
+    cluster: Cluster, services: Any
+) -> None:
+    extra = {"DTASK_EXTRA_TASK_MODULES": "tests.system.specs", "DTASK_CLEANUP_GRACE_SECONDS": "1"}
+    worker = cluster.start_worker(concurrency=2, **extra)
+    await cluster.wait_worker_ready(worker)
+    before = set(worker.group_members())
+    from tasks_core.repository import NewTask
+    from tasks_core.transport import CeleryTransport
+
+    async with services.engine.begin() as conn:
+        stuck = (
+            await services.repo.insert(conn, NewTask("system.swallow_cancel", 1, {}, timeout_seconds=60))
+        ).id
+    await asyncio.to_thread(CeleryTransport().publish_sync, [str(stuck)])
+
+    async def running() -> bool:
+        return (await get(services, stuck))["status"] == "running"
+
+    await wait_for(running, within=30, what="the swallowing handler to start")
+    assert await services.repo.request_cancel(stuck, services.registry) == "requested"
+    row = await wait_terminal(services, stuck, within=HEARTBEAT_SECONDS + 1 + MARGIN * 2)
+    assert row["status"] == "failed" and row["error"]["code"] == "handler_unresponsive", row
+
+    async def recycled() -> bool:
+        return "recycling this pool process" in worker.log_text() and set(worker.group_members()) != before
+
+    await wait_for(recycled, within=15, what="the pool process to be replaced")
+    # The worker goes on: both children take work again.
+    done = [await submit(services, "diagnostics.noop", {"n": i}) for i in range(4)]
+    for task_id in done:
+        assert (await wait_terminal(services, task_id, within=30))["status"] == "success"

@@ -1,0 +1,71 @@
+"""The attempt's own view of its lease, and retrying database calls while it may still be valid.
+
+Only PostgreSQL decides whether the lease is alive (every write is fenced there). The worker keeps
+a local, conservative deadline — the monotonic time the last successful renewal was *sent*, plus
+the lease — only to know how long a database blink is worth waiting out: before the deadline a
+failed call is retried with short backoff; after it the lease has certainly lapsed, so the attempt
+is over. A fenced refusal (zero rows) ends the attempt at once, whatever the deadline says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from tasks_core.db import is_transient
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+FIRST_BACKOFF = 0.05
+MAX_BACKOFF = 1.0
+
+
+class DatabaseUnavailable(Exception):
+    """The database could not be reached (or kept failing transiently) until the deadline."""
+
+
+class LeaseClock:
+    def __init__(self, lease_seconds: float, *, renewed_at: float | None = None) -> None:
+        self.lease_seconds = lease_seconds
+        self.deadline = (time.monotonic() if renewed_at is None else renewed_at) + lease_seconds
+
+    def renewed(self, sent_at: float) -> None:
+        """A renewal sent at ``sent_at`` (monotonic) succeeded: the lease holds at least until then
+        plus the lease (the database stamped it after we sent it)."""
+        self.deadline = max(self.deadline, sent_at + self.lease_seconds)
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+async def retry_transient(
+    call: Callable[[], Awaitable[T]], deadline: Callable[[], float], what: str
+) -> T:
+    """Run ``call``; on a transient database error retry with backoff until the monotonic
+    ``deadline()`` (re-read each time: a renewal may push it out). Raises DatabaseUnavailable when
+    the deadline passes; any other error propagates at once."""
+    delay = FIRST_BACKOFF
+    failures = 0
+    while True:
+        try:
+            result = await call()
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            failures += 1
+            left = deadline() - time.monotonic()
+            if left <= 0:
+                log.warning("%s: database unavailable until the lease's deadline; giving up", what)
+                raise DatabaseUnavailable(f"{what}: {type(exc).__name__}") from exc
+            if failures == 1:
+                log.warning("%s failed (%s); retrying for up to %.1f s", what, type(exc).__name__, left)
+            await asyncio.sleep(min(delay, max(left, 0.01)))
+            delay = min(delay * 2, MAX_BACKOFF)
+            continue
+        if failures:
+            log.info("%s succeeded after %d transient failure(s)", what, failures)
+        return result
