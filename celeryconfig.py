@@ -85,11 +85,11 @@ beat_schedule = {
         "schedule": _s.reconcile_seconds,
         "options": {"queue": DUTIES_QUEUE, "expires": _s.reconcile_seconds},
     },
-}
-if _s.prune_after_seconds:
+    # Idempotency-Keys past their 24 h, and terminal tasks past DTASK_PRUNE_AFTER_SECONDS (if set).
     # No argument: the worker reads the retention from its own settings (a message cannot lower it).
-    beat_schedule["prune-terminal"] = {
+    "prune": {
         "task": "dtask.prune",
         "schedule": 3600.0,
         "options": {"queue": DUTIES_QUEUE, "expires": 3600.0},
-    }
+    },
+}

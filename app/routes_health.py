@@ -6,7 +6,7 @@ import asyncio
 import hmac
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Coroutine
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -31,18 +31,27 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-async def _fact(name: str, check: Awaitable[str | None]) -> dict[str, Any]:
+async def _fact(name: str, check: Coroutine[Any, Any, str | None]) -> dict[str, Any]:
     # Anyone may call /readyz: it names the failing fact, and the exception (role names, hosts,
     # driver internals) goes to the log only.
-    try:
-        detail = await asyncio.wait_for(check, FACT_TIMEOUT)
-    except TimeoutError:
+    # Not wait_for: cancelling a call stuck on a paused server can itself hang (asyncpg's cancel
+    # request goes to the same server). The check is left to end on its own statement deadline.
+    task = asyncio.ensure_future(check)
+    task.add_done_callback(_consume)
+    done, _ = await asyncio.wait({task}, timeout=FACT_TIMEOUT)
+    if not done:
         log.warning("readiness: %s gave no answer within %s s", name, FACT_TIMEOUT)
         return {"ok": False, "detail": f"no answer within {FACT_TIMEOUT} s"}
-    except Exception:  # a failing dependency is a fact to report, not a 500
-        log.warning("readiness: %s failed", name, exc_info=True)
+    if task.exception() is not None:  # a failing dependency is a fact to report, not a 500
+        log.warning("readiness: %s failed", name, exc_info=task.exception())
         return {"ok": False, "detail": "unreachable or refused (details in the api log)"}
+    detail = task.result()
     return {"ok": detail is None, "detail": detail}
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: a late failure is not "never retrieved" noise
 
 
 async def _postgres(svc: Services) -> str | None:

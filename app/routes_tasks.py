@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from app.auth import Principal, principal
 from app.schemas import (
@@ -22,7 +25,7 @@ from app.schemas import (
     TaskPage,
 )
 from tasks_core.services import Services
-from tasks_core.submission import InvalidTask, Submitted, Submitter, TaskIntent
+from tasks_core.submission import Idempotency, InvalidTask, Submitted, Submitter, TaskIntent
 from tasks_core.views import task_view
 
 router = APIRouter(prefix="/tasks", tags=["tasks"])
@@ -43,6 +46,25 @@ def _intent(body: TaskIn) -> TaskIntent:
     return TaskIntent(
         body.task_type, body.payload, body.handler_version, body.dedupe_key, body.timeout_seconds
     )
+
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=200,
+        pattern=NO_NUL,
+        description="Makes a retried request return the original answer (per API key, kept 24 h)",
+    ),
+]
+
+
+def _idempotency(key: str | None, route: str, body: BaseModel) -> Idempotency | None:
+    if key is None:
+        return None
+    canonical = json.dumps([route, body.model_dump(mode="json")], sort_keys=True, separators=(",", ":"))
+    return Idempotency(key, hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest())
 
 
 def _invalid(exc: InvalidTask, prefix: tuple[Any, ...] = ("body",)) -> HTTPException:
@@ -80,13 +102,25 @@ async def _owned(svc: Services, task_id: uuid.UUID, caller: Principal) -> dict[s
         429: {"model": Message, "description": "You already have DTASK_OWNER_MAX_PENDING pending tasks"},
     },
 )
-async def submit_task(body: TaskIn, caller: Caller, svc: Svc) -> Any:
+async def submit_task(
+    body: TaskIn, caller: Caller, svc: Svc, response: Response, idempotency_key: IdempotencyKey = None
+) -> Any:
     """Store the intent (pending), then publish its id. A broker failure leaves it pending, with
-    `waiting_reason` saying so: the publisher re-sends it."""
+    `waiting_reason` saying so: the publisher re-sends it.
+
+    With an `Idempotency-Key` header, a retry of the same request (same key, same body, same API
+    key, within 24 h) answers 200 with the task the first one created, instead of a second task."""
     try:
-        result = await Submitter(svc).submit(_intent(body), owner=caller.name, admin=caller.admin)
+        result = await Submitter(svc).submit(
+            _intent(body),
+            owner=caller.name,
+            admin=caller.admin,
+            idempotency=_idempotency(idempotency_key, "POST /tasks", body),
+        )
     except InvalidTask as exc:
         raise _invalid(exc) from None
+    if result.replayed:
+        response.status_code = status.HTTP_200_OK
     if result.duplicate_of is not None:
         return JSONResponse(
             status_code=409,
@@ -98,12 +132,28 @@ async def submit_task(body: TaskIn, caller: Caller, svc: Svc) -> Any:
     return await _view(svc, await svc.repo.get(result.task_id) or {})
 
 
-@router.post("/batch", status_code=202, response_model=BatchOut, responses={**AUTH})
-async def submit_batch(body: BatchIn, caller: Caller, svc: Svc) -> Any:
-    """Accepted entries commit in one transaction and are published in one pass."""
-    outcomes = await Submitter(svc).submit_many(
-        [_intent(t) for t in body.tasks], owner=caller.name, admin=caller.admin
-    )
+@router.post(
+    "/batch",
+    status_code=202,
+    response_model=BatchOut,
+    responses={**AUTH, 200: {"model": BatchOut, "description": "A retry: the first request's tasks"}},
+)
+async def submit_batch(
+    body: BatchIn, caller: Caller, svc: Svc, response: Response, idempotency_key: IdempotencyKey = None
+) -> Any:
+    """Accepted entries commit in one transaction and are published in one pass. An
+    `Idempotency-Key` makes a retried batch answer 200 with the first request's tasks."""
+    try:
+        outcomes = await Submitter(svc).submit_many(
+            [_intent(t) for t in body.tasks],
+            owner=caller.name,
+            admin=caller.admin,
+            idempotency=_idempotency(idempotency_key, "POST /tasks/batch", body),
+        )
+    except InvalidTask as exc:
+        raise _invalid(exc) from None
+    if any(isinstance(o, Submitted) and o.replayed for o in outcomes):
+        response.status_code = status.HTTP_200_OK
     results: list[dict[str, Any]] = []
     published = True
     for outcome in outcomes:

@@ -215,16 +215,13 @@ def reconcile() -> dict[str, Any]:
 
 
 @app.task(name="dtask.prune", ignore_result=True)
-def prune(older_than_seconds: Any = None) -> int:
-    """Delete terminal tasks older than the configured retention (DTASK_PRUNE_AFTER_SECONDS, or a
-    day when unset). A message may ask for an older cutoff, never a younger one: anyone who can
-    write to the broker could otherwise wipe the history (prune(1e-9))."""
-    from tasks_core.pruner import MIN_PRUNE_AGE_SECONDS
+def prune(older_than_seconds: Any = None) -> dict[str, int]:
+    """Forget expired Idempotency-Keys; delete terminal tasks older than the retention
+    (DTASK_PRUNE_AFTER_SECONDS). A message may ask for an older cutoff, never a younger one: anyone
+    who can write to the broker could otherwise wipe the history (prune(1e-9))."""
     from tasks_core.pruner import prune as run_prune
-    from tasks_core.settings import get_settings
 
-    floor = get_settings().prune_after_seconds or MIN_PRUNE_AGE_SECONDS
-    age = floor
+    requested: float | None = None
     if older_than_seconds is not None:
         if (
             not isinstance(older_than_seconds, int | float)
@@ -232,7 +229,7 @@ def prune(older_than_seconds: Any = None) -> int:
             or not math.isfinite(older_than_seconds)
         ):
             log.warning("dropping prune message with bad age %s", logs.short(older_than_seconds))
-            return 0
-        age = max(float(older_than_seconds), floor)
+            return {}
+        requested = float(older_than_seconds)
     state = process_state()
-    return state.run(run_prune(state.services, age))
+    return vars(state.run(run_prune(state.services, requested)))

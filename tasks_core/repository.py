@@ -43,6 +43,8 @@ TERMINAL_SQL = "('success', 'failed', 'cancelled')"
 OWNER_UNDER_LIMIT = """(CAST(:omax AS int) IS NULL OR tasks.owner IS NULL
     OR (SELECT count(*) FROM tasks mine WHERE mine.status = 'running' AND mine.owner = tasks.owner)
        < CAST(:omax AS int))"""
+# An Idempotency-Key answers retries for this long (design §8: 24 h).
+IDEMPOTENCY_TTL_SECONDS = 24 * 3600
 # waiting_reason counts at most this many older pending tasks of the same owner.
 WAITING_COUNT_CAP = 1000
 
@@ -183,6 +185,67 @@ class TaskRepository:
                 return Inserted(id=holder, duplicate_of=holder)
             # The holder finished between our insert and our look-up: the key is free again.
         raise RuntimeError("dedupe key kept changing hands; giving up")
+
+    async def take_idempotency_key(
+        self, conn: AsyncConnection, owner: str, key: str, request_hash: str
+    ) -> Row | None:
+        """Take ``key`` for this request in the caller's transaction: None when it is new (or its
+        earlier use expired), else the earlier request's record.
+
+        A concurrent request with the same key waits here (unique index) until the first commits,
+        then reads its answer: two racing retries still create one set of tasks.
+        """
+        params = self._p(owner=owner, key=key, hash=request_hash, ttl=IDEMPOTENCY_TTL_SECONDS)
+        take = text(
+            f"""INSERT INTO idempotency_keys (owner, key, request_hash, task_ids, created_at)
+            VALUES (:owner, :key, :hash, '[]'::jsonb, {NOW})
+            ON CONFLICT (owner, key) DO NOTHING RETURNING key"""
+        )
+        if (await conn.execute(take, params)).first() is not None:
+            return None
+        earlier = (
+            await conn.execute(
+                text(
+                    f"""SELECT request_hash, response, created_at < {NOW} - make_interval(secs => :ttl)
+                          AS expired
+                    FROM idempotency_keys WHERE owner = :owner AND key = :key FOR UPDATE"""
+                ),
+                params,
+            )
+        ).mappings().first()
+        if earlier is None or earlier["expired"]:
+            forget = "DELETE FROM idempotency_keys WHERE owner = :owner AND key = :key"
+            await conn.execute(text(forget), params)
+            await conn.execute(take, params)
+            return None
+        return dict(earlier)
+
+    async def record_idempotent_answer(
+        self, conn: AsyncConnection, owner: str, key: str, response: list[dict[str, Any]]
+    ) -> None:
+        ids = [entry["task_id"] for entry in response if entry.get("task_id")]
+        await conn.execute(
+            text(
+                """UPDATE idempotency_keys SET task_ids = CAST(:ids AS jsonb), response = CAST(:resp AS jsonb)
+                WHERE owner = :owner AND key = :key"""
+            ),
+            {"ids": json.dumps(ids), "resp": json.dumps(response), "owner": owner, "key": key},
+        )
+
+    async def prune_idempotency_keys(self, batch: int = 1000) -> int:
+        """Forget Idempotency-Keys older than their time to live (bounded batch)."""
+        async with self.engine.begin() as conn:
+            return (
+                await conn.execute(
+                    text(
+                        f"""DELETE FROM idempotency_keys WHERE (owner, key) IN (
+                            SELECT owner, key FROM idempotency_keys
+                            WHERE created_at < {NOW} - make_interval(secs => :ttl)
+                            LIMIT :batch FOR UPDATE SKIP LOCKED)"""
+                    ),
+                    self._p(ttl=IDEMPOTENCY_TTL_SECONDS, batch=batch),
+                )
+            ).rowcount
 
     async def owner_pending(self, conn: AsyncConnection, owner: str, limit: int) -> int:
         """The owner's pending tasks (counted up to ``limit``), holding the owner's quota lock until

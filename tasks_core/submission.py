@@ -71,6 +71,8 @@ class Submitted:
     duplicate_of: uuid.UUID | None = None
     published: bool = False
     publish_error: str | None = None
+    # The answer to an earlier request with the same Idempotency-Key: nothing new was stored.
+    replayed: bool = False
 
 
 # Deeper payloads are refused: nothing legitimate nests this far, and a recursive walk (ours,
@@ -224,6 +226,41 @@ class SubmitTransaction:
         return result
 
 
+@dataclass(frozen=True)
+class Idempotency:
+    """An Idempotency-Key (per owner, kept IDEMPOTENCY_TTL_SECONDS) and a hash of the request it
+    came with: a retried request gets the first one's answer, never a second copy of its tasks."""
+
+    key: str
+    request_hash: str
+
+
+class IdempotencyKeyReused(InvalidTask):
+    """The key was first used with a different request."""
+
+    code = "idempotency_key_reused"
+
+
+def _record(outcome: Submitted | InvalidTask) -> dict[str, Any]:
+    if isinstance(outcome, InvalidTask):
+        return {"error": {"field": outcome.field, "message": outcome.message, "code": outcome.code,
+                          "status": outcome.status}}
+    return {"task_id": str(outcome.task_id),
+            "duplicate_of": None if outcome.duplicate_of is None else str(outcome.duplicate_of)}
+
+
+def _replay(entry: dict[str, Any]) -> Submitted | InvalidTask:
+    if "error" in entry:
+        error = InvalidTask(entry["error"]["field"], entry["error"]["message"])
+        error.code, error.status = entry["error"]["code"], entry["error"]["status"]
+        return error
+    duplicate = entry.get("duplicate_of")
+    return Submitted(
+        task_id=uuid.UUID(entry["task_id"]), duplicate_of=uuid.UUID(duplicate) if duplicate else None,
+        published=True, replayed=True,
+    )
+
+
 class Submitter:
     def __init__(self, services: Services) -> None:
         self.services = services
@@ -240,24 +277,65 @@ class Submitter:
             # Committed: now, and only now, the ids may travel.
             await self._publish([r for r in tx.results if r.duplicate_of is None])
 
-    async def submit(self, intent: TaskIntent, owner: str | None = None, *, admin: bool = True) -> Submitted:
-        async with self.transaction(owner, admin=admin) as tx:
-            result = await tx.add(intent)
-        return result
+    async def submit(
+        self,
+        intent: TaskIntent,
+        owner: str | None = None,
+        *,
+        admin: bool = True,
+        idempotency: Idempotency | None = None,
+    ) -> Submitted:
+        [outcome] = await self._submit([intent], owner, admin, idempotency, all_or_nothing=True)
+        if isinstance(outcome, InvalidTask):  # only a replayed refusal gets here
+            raise outcome
+        return outcome
 
     async def submit_many(
-        self, intents: Sequence[TaskIntent], owner: str | None = None, *, admin: bool = True
+        self,
+        intents: Sequence[TaskIntent],
+        owner: str | None = None,
+        *,
+        admin: bool = True,
+        idempotency: Idempotency | None = None,
     ) -> list[Submitted | InvalidTask]:
         """Validate each entry; the valid ones commit in one transaction and publish in one pass."""
         if len(intents) > MAX_BATCH:
             raise InvalidTask("tasks", f"at most {MAX_BATCH} tasks per batch")
-        outcomes: list[Submitted | InvalidTask] = []
+        return await self._submit(intents, owner, admin, idempotency, all_or_nothing=False)
+
+    async def _submit(
+        self,
+        intents: Sequence[TaskIntent],
+        owner: str | None,
+        admin: bool,
+        idempotency: Idempotency | None,
+        *,
+        all_or_nothing: bool,
+    ) -> list[Submitted | InvalidTask]:
+        repo = self.services.repo
         async with self.transaction(owner, admin=admin) as tx:
+            if idempotency is not None:
+                earlier = await repo.take_idempotency_key(
+                    tx.conn, owner or "", idempotency.key, idempotency.request_hash
+                )
+                if earlier is not None:
+                    if earlier["request_hash"] != idempotency.request_hash:
+                        raise IdempotencyKeyReused(
+                            "Idempotency-Key", "this key was already used with a different request"
+                        )
+                    return [_replay(entry) for entry in earlier["response"]]
+            outcomes: list[Submitted | InvalidTask] = []
             for intent in intents:
                 try:
                     outcomes.append(await tx.add(intent))
                 except InvalidTask as exc:
+                    if all_or_nothing:
+                        raise  # nothing is stored, the key included: a retry is judged afresh
                     outcomes.append(exc)
+            if idempotency is not None:
+                await repo.record_idempotent_answer(
+                    tx.conn, owner or "", idempotency.key, [_record(o) for o in outcomes]
+                )
         return outcomes
 
     async def _publish(self, results: list[Submitted]) -> None:

@@ -95,6 +95,10 @@ def redis_client(broker_url: str) -> Iterator[redis_sync.Redis]:
     client.close()
 
 
+# Every table a test may write; emptied before each test that asks for a clean database.
+TABLES = ("tasks", "task_attempts", "diagnostics_runs", "diagnostics_effects", "idempotency_keys")
+
+
 @pytest.fixture
 async def clean_db(database_url: str, redis_client: redis_sync.Redis) -> AsyncIterator[None]:
     from sqlalchemy import text
@@ -104,9 +108,7 @@ async def clean_db(database_url: str, redis_client: redis_sync.Redis) -> AsyncIt
     redis_client.flushdb()
     engine = make_engine(database_url, pool_size=1)
     async with engine.begin() as conn:
-        await conn.execute(
-            text("TRUNCATE tasks, task_attempts, diagnostics_runs, diagnostics_effects CASCADE")
-        )
+        await conn.execute(text(f"TRUNCATE {', '.join(TABLES)} CASCADE"))
     await engine.dispose()
     yield
 

@@ -138,7 +138,11 @@ class Cluster:
         log = self.dir / f"{name}.log"
         with log.open("ab") as out:
             popen = subprocess.Popen(
-                argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                argv,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 # Its own session and process group: killpg reaches the pool children too, and a
                 # signal meant for the test runner never reaches the workers.
                 start_new_session=True,
@@ -159,10 +163,25 @@ class Cluster:
             argv = [sys.executable, "-m", "tasks_core.cli", "worker", "-c", str(concurrency), "-n", node]
         else:
             argv = [
-                sys.executable, "-m", "celery", "-A", "tasks_core.celery_app", "worker",
-                "-Q", "durable,duties", "-c", str(concurrency), "-P", "prefork", "-l", "INFO", "-n", node,
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tasks_core.celery_app",
+                "worker",
+                "-Q",
+                "durable,duties",
+                "-c",
+                str(concurrency),
+                "-P",
+                "prefork",
+                "-l",
+                "INFO",
+                "-n",
+                node,
                 # Neighbour discovery only slows start-up; nothing here depends on it.
-                "--without-mingle", "--without-gossip",
+                "--without-mingle",
+                "--without-gossip",
             ]
         expanded = node.replace("%h", os.uname().nodename)
         return self._spawn(name, argv, self.env(**env), node=expanded)
@@ -172,15 +191,30 @@ class Cluster:
         if cli:
             argv = [sys.executable, "-m", "tasks_core.cli", "beat", "--schedule", schedule]
         else:
-            argv = [sys.executable, "-m", "celery", "-A", "tasks_core.celery_app", "beat",
-                    "-s", schedule, "-l", "INFO"]
+            argv = [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tasks_core.celery_app",
+                "beat",
+                "-s",
+                schedule,
+                "-l",
+                "INFO",
+            ]
         return self._spawn(name, argv, self.env(**env))
 
     def run_cli(self, *args: str, timeout: float = 60.0, **env: str) -> subprocess.CompletedProcess[str]:
         """Run one `dtask` command to completion (the same entry point as the console script)."""
         return subprocess.run(
-            [sys.executable, "-m", "tasks_core.cli", *args], env=self.env(**env), cwd=self.dir,
-            capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", "tasks_core.cli", *args],
+            env=self.env(**env),
+            cwd=self.dir,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
         )
 
     # ------------------------------------------------------------------ readiness
@@ -192,9 +226,12 @@ class Cluster:
             self._app = app
         return self._app
 
-    async def wait_worker_ready(self, proc: Proc, within: float = STARTUP_TIMEOUT) -> None:
-        """Ready = the worker's consumer answers a ping addressed to its own node name."""
-        app = self._control_app()
+    async def wait_worker_ready(
+        self, proc: Proc, within: float = STARTUP_TIMEOUT, *, broker: str | None = None
+    ) -> None:
+        """Ready = the worker's consumer answers a ping addressed to its own node name (through
+        ``broker`` when the worker uses another than the session's)."""
+        app = self._control_app() if broker is None else _app_on(broker)
 
         async def answered() -> bool:
             if not proc.alive():
@@ -235,6 +272,14 @@ class Cluster:
                 + "\n".join(lines[-LOG_TAIL_LINES:])
             )
         return "\n".join(parts)
+
+
+def _app_on(broker: str) -> Any:
+    from celery import Celery
+
+    app = Celery("control", broker=broker)
+    app.conf.update(accept_content=["json"], task_serializer="json")
+    return app
 
 
 @pytest.fixture
