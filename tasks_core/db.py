@@ -96,7 +96,7 @@ def make_engine(
     never answers, so a server-side timeout would not fire); ``connect_seconds`` bounds a new
     connection and the wait for a pooled one. ``idle_in_transaction_seconds`` lets PostgreSQL end a
     session that sits inside a transaction that long: a paused or partitioned process must not keep
-    holding the capacity lock or a task row (which would stall every claim, or the reconciler,
+    holding a per-type claim lock or a task row (which would stall claims, or the reconciler,
     cluster-wide)."""
     # pool_pre_ping: a worker whose backend was terminated reconnects instead of failing a write.
     connect_args: dict[str, object] = {}

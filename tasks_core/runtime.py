@@ -349,7 +349,7 @@ class Execution:
             final = await retry_transient(
                 lambda: self.repo.finish(
                     self.task_id, self.token, registry, status=status, result=result, error=error,
-                    detail=detail,
+                    detail=detail, kind=(self.spec.task_type, self.spec.version),
                 ),
                 lambda: self.lease.deadline,
                 f"terminal write of {self.task_id}",

@@ -51,6 +51,10 @@ class Settings(BaseSettings):
     cleanup_grace_seconds: float = Field(default=30.0, ge=0)
     # Progress is persisted only when it moved at least this much (a new message always is).
     progress_delta: float = Field(default=1.0, ge=0)
+    # Messages kept on the broker beyond the free slots (default: the capacity), so a worker finds
+    # the next task queued the moment a slot frees. More only fills the broker with messages that
+    # will be refused; 0 waits for the relay's round trip at every hand-off.
+    publish_ahead: int | None = Field(default=None, ge=0)
     # Batch sizes keep each duty run short and bounded.
     publish_batch: int = Field(default=500, ge=1)
     reconcile_batch: int = Field(default=100, ge=1)
@@ -115,6 +119,10 @@ class Settings(BaseSettings):
     @property
     def heartbeat_seconds(self) -> float:
         return self.lease_seconds / 3
+
+    @property
+    def ahead(self) -> int:
+        return self.capacity if self.publish_ahead is None else self.publish_ahead
 
     @property
     def concurrency(self) -> int:

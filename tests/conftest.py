@@ -96,7 +96,9 @@ def redis_client(broker_url: str) -> Iterator[redis_sync.Redis]:
 
 
 # Every table a test may write; emptied before each test that asks for a clean database.
-TABLES = ("tasks", "task_attempts", "diagnostics_runs", "diagnostics_effects", "idempotency_keys")
+TABLES = (
+    "tasks", "task_attempts", "task_slots", "diagnostics_runs", "diagnostics_effects", "idempotency_keys"
+)
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The fault campaign, bounded to a few minutes: real workers, beat, Redis and PostgreSQL under a
-seeded fault schedule (SIGKILL and restart, SIGSTOP past the lease, SIGSTOP of a claimer holding the
-capacity lock, duplicate publication, Redis restarted empty, worker backends terminated, cancels),
+seeded fault schedule (SIGKILL and restart, SIGSTOP past the lease, SIGSTOP of a worker inside a
+write transaction, duplicate publication, Redis restarted empty, worker backends terminated, cancels),
 then the checker on what PostgreSQL holds.
 
 Every invariant count must be 0, and at least one late write must have been attempted and rejected
