@@ -72,6 +72,16 @@ class Settings(BaseSettings):
     # Where `dtask dev` keeps its embedded data.
     dev_dir: str = ".dtask"
 
+    @field_validator("database_url")
+    @classmethod
+    def _asyncpg_driver(cls, value: str | None) -> str | None:
+        # `postgresql://` (what psql, libpq and hosting panels print) means asyncpg here: the one
+        # driver this project ships. Normalised once, so every engine and Alembic see the same URL.
+        scheme, sep, rest = (value or "").partition("://")
+        if sep and scheme.lower() in ("postgresql", "postgres"):
+            return f"postgresql+asyncpg://{rest}"
+        return value
+
     @field_validator("lease_seconds", "reconcile_seconds", "publish_seconds", "max_timeout_seconds")
     @classmethod
     def _finite(cls, value: float) -> float:
