@@ -392,14 +392,21 @@ def prune(older_than: Annotated[str, typer.Option("--older-than", help="e.g. 7d,
 
 @cli.command()
 def dev(
-    data_dir: Annotated[str | None, typer.Option(help="embedded data (default .dtask)")] = None,
-    api_port: Annotated[int, typer.Option()] = 8000,
-    flower_port: Annotated[int, typer.Option()] = 5555,
+    data_dir: Annotated[
+        str | None, typer.Option(help="embedded data, logs, ports and session key (default .dtask)")
+    ] = None,
+    api_port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
+    flower_port: Annotated[int, typer.Option(min=1, max=65535)] = 5555,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show the children's logs here")] = False,
 ) -> None:
-    """Run the whole system on embedded defaults (PostgreSQL and Redis from wheels) until Ctrl-C."""
+    """Run the whole system on embedded PostgreSQL and Redis, supervised, until Ctrl-C/SIGTERM/SIGHUP."""
     from tasks_core.dev import run_dev
 
-    sys.exit(run_dev(get_settings(), data_dir=data_dir, api_port=api_port, flower_port=flower_port))
+    sys.exit(
+        run_dev(
+            get_settings(), data_dir=data_dir, api_port=api_port, flower_port=flower_port, verbose=verbose
+        )
+    )
 
 
 from tasks_core.bench.cli import bench_app  # noqa: E402  (typer sub-app; imports nothing heavy)

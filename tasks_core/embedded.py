@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import hashlib
 import importlib.util
+import itertools
 import logging
 import os
 import pathlib
@@ -61,7 +62,7 @@ def free_port() -> int:
         return port
 
 
-def _port_is_free(port: int) -> bool:
+def port_is_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         # As the servers do: a port whose old connections linger in TIME_WAIT is still usable.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -328,8 +329,12 @@ class EmbeddedPostgres:
     As root, ``data_dir/pgdata`` is a symlink to the cluster (see ``_cluster_dir``).
     """
 
-    def __init__(self, data_dir: pathlib.Path, *, log_path: pathlib.Path | None = None) -> None:
+    def __init__(
+        self, data_dir: pathlib.Path, port: int | None = None, *, log_path: pathlib.Path | None = None
+    ) -> None:
         self.data_dir = pathlib.Path(data_dir).absolute()
+        # Once it has served, a restart (by a supervisor) insists on the same port: its clients know it.
+        self.port = port
         self.pgdata = self.data_dir / "pgdata"
         self.log_path = log_path or self.data_dir / "postgres.log"
         self._port_file = self.data_dir / "postgres.port"
@@ -369,6 +374,7 @@ class EmbeddedPostgres:
                 (self.pgdata / "postmaster.pid").unlink(missing_ok=True)
                 port = self._spawn(bin_dir, account)
             self._port_file.write_text(f"{port}\n")
+        self.port = port
         self._url = f"postgresql+asyncpg://{_PG_USER}@{_HOST}:{port}/postgres"
         atexit.register(self.stop)
         return self._url
@@ -452,17 +458,18 @@ class EmbeddedPostgres:
             raise EmbeddedServerError(f"initdb failed:\n{_log_tail(self.log_path, log_offset)}")
 
     def _candidate_ports(self) -> Iterator[int]:
+        if self.port is not None:
+            yield self.port
+            return
         with contextlib.suppress(OSError, ValueError):
             previous = int(self._port_file.read_text().strip())
-            if _port_is_free(previous):
+            if port_is_free(previous):
                 yield previous
         while True:
             yield free_port()
 
     def _spawn(self, bin_dir: pathlib.Path, account: pwd.struct_passwd | None) -> int:
-        ports = self._candidate_ports()
-        for _ in range(_PORT_ATTEMPTS):
-            port = next(ports)
+        for port in itertools.islice(self._candidate_ports(), _PORT_ATTEMPTS):
             cmd = [
                 str(bin_dir / "postgres"),
                 "-D", str(self.pgdata),
@@ -496,6 +503,8 @@ class EmbeddedPostgres:
                 log.info("port %s was taken before PostgreSQL bound it; trying another", port)
                 continue
             raise EmbeddedServerError(f"PostgreSQL did not start:\n{tail}")
+        if self.port is not None:
+            raise EmbeddedServerError(f"PostgreSQL could not bind port {self.port}: it is taken")
         raise EmbeddedServerError(f"PostgreSQL found no free port in {_PORT_ATTEMPTS} attempts")
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], port: int, log_offset: int) -> bool:
@@ -637,7 +646,7 @@ class EmbeddedRedis:
                 return self._url
             tail = _log_tail(self.log_path, log_offset)
             # A chosen port can be lost to another process between free_port() and our bind.
-            if self.port is None and ("Address already in use" in tail or not _port_is_free(port)):
+            if self.port is None and ("Address already in use" in tail or not port_is_free(port)):
                 continue
             raise EmbeddedServerError(f"redis-server did not start on port {port}:\n{tail}")
         raise EmbeddedServerError(f"redis-server found no free port in {_PORT_ATTEMPTS} attempts")
