@@ -355,9 +355,19 @@ def _start_servers(sup: Supervisor, stack: Stack) -> None:
     stack.urls["DTASK_REDIS_URL"] = redis_url or stack.urls["DTASK_BROKER_URL"]
 
 
-def _migrate(env: dict[str, str], log_path: Path) -> None:
+def _migrate(sup: Supervisor, env: dict[str, str], log_path: Path) -> None:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as out:
-        done = subprocess.run(_cli("migrate"), env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
+        # Its own session: a Ctrl-C meant for `dtask dev` lets the (short) migration finish.
+        done = subprocess.run(
+            _cli("migrate"),
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            check=False,
+        )
+    sup.check_stop()
     if done.returncode != 0:
         last = (log_path.read_text(errors="replace").strip().splitlines() or ["?"])[-1]
         raise RuntimeError(f"`dtask migrate` failed: {last} (log: {log_path})")
@@ -402,7 +412,7 @@ def run_dev(
         _write_env_file(root / "env", state.exports, root)
         env = _child_env(stack, settings)
         sup.check_stop()
-        _migrate(env, root / "logs" / "migrate.log")
+        _migrate(sup, env, root / "logs" / "migrate.log")
         apps = _apps(env, root, api_port, flower_port, bool(settings.flower_basic_auth))
         for app in apps:
             sup.start(app)

@@ -102,26 +102,29 @@ def _log_tail(path: pathlib.Path, offset: int = 0, lines: int = 30) -> str:
 
 
 def _terminate(proc: subprocess.Popen[bytes], *steps: tuple[signal.Signals, float]) -> None:
-    """Send each (signal, grace seconds) in turn until the process exits; SIGKILL as a last resort."""
-    for sig, timeout in steps:
-        if proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(sig)
-        try:
-            proc.wait(timeout)
-            return
-        except subprocess.TimeoutExpired:
-            log.warning("pid %s ignored %s for %.0fs", proc.pid, sig.name, timeout)
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-    _kill_group(proc.pid)
+    """Send each (signal, grace seconds) in turn until the process exits; SIGKILL as a last resort.
+    Then clear what is left of its process group (the backends of a postmaster that crashed)."""
+    try:
+        for sig, timeout in steps:
+            if proc.poll() is not None:
+                return
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)
+            try:
+                proc.wait(timeout)
+                return
+            except subprocess.TimeoutExpired:
+                log.warning("pid %s ignored %s for %.0fs", proc.pid, sig.name, timeout)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    finally:
+        _kill_group(proc.pid)
 
 
 def _kill_group(pgid: int) -> None:
-    """SIGKILL what is left of a process group whose leader has exited (a crashed postmaster's
-    backends, say): our servers run in sessions of their own, so the group holds nothing else."""
+    """SIGKILL what is left of the process group of an exited server: our servers run in sessions
+    of their own, so their groups hold nothing else."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
 
@@ -135,7 +138,7 @@ def describe_exit(returncode: int) -> str:
 
 def _exit_reason(proc: subprocess.Popen[bytes] | None) -> str | None:
     if proc is None:
-        return "not running"
+        return "is not running"
     code = proc.poll()
     return None if code is None else describe_exit(code)
 
@@ -407,7 +410,7 @@ class EmbeddedPostgres:
     def exit_reason(self) -> str | None:
         """None while the server runs, else how it ended (for a supervisor)."""
         if self._adopted_pid is not None:
-            return None if _postmaster_alive(self._adopted_pid, self.pgdata) else "stopped"
+            return None if _postmaster_alive(self._adopted_pid, self.pgdata) else "has stopped"
         return _exit_reason(self._proc)
 
     def __enter__(self) -> Self:

@@ -292,11 +292,7 @@ class ServerChild:
         self.url = self.server.start()
 
     def exit_reason(self) -> str | None:
-        reason = self.server.exit_reason()
-        if reason is None:
-            return None
-        # "not running" after a start that raised; otherwise how the process ended.
-        return reason if reason.startswith(("killed", "exited")) else f"is {reason}"
+        return self.server.exit_reason()
 
     def ready(self) -> bool:
         return self.url is not None and self.exit_reason() is None and self._answers(self.url)

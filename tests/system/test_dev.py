@@ -176,7 +176,7 @@ def test_dev_runs_the_stack_and_any_stop_signal_leaves_nothing_behind(
     dev: list[Dev], tmp_path: Path, data_dir: Path, sig: signal.Signals
 ) -> None:
     env: dict[str, str] = {}
-    if sig == signal.SIGHUP:
+    if (data_dir / "env").exists():
         # A shell that sourced the env file of an earlier run starts dev again: still embedded.
         env = dict(re.findall(r"^export (\w+)=(\S+)$", (data_dir / "env").read_text(), re.M))
         assert set(env) >= {"DTASK_DATABASE_URL", "DTASK_BROKER_URL"}
@@ -207,14 +207,15 @@ def test_dev_runs_the_stack_and_any_stop_signal_leaves_nothing_behind(
     assert [p for p in ports if _listening(p)] == []
 
 
-def test_dev_restarts_a_killed_redis_and_worker_and_tasks_still_run(
+def test_dev_restarts_a_killed_redis_worker_and_postgres_and_tasks_still_run(
     dev: list[Dev], tmp_path: Path, data_dir: Path
 ) -> None:
     d = Dev(tmp_path, data_dir)
     dev.append(d)
     banner = d.banner()
     d.remember_processes()
-    for needle, name in (("redis-server", "redis"), ("tasks_core.cli worker", "worker")):
+    victims = (("redis-server", "redis"), ("tasks_core.cli worker", "worker"), ("postgres -D", "postgres"))
+    for needle, name in victims:
         mark = len(d.output())
         victim = d.child(needle)
         killed = time.monotonic()
