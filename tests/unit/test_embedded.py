@@ -152,8 +152,10 @@ def test_reachable_rejects_what_it_cannot_check() -> None:
         reachable("http://127.0.0.1:80/")
 
 
-def _modes(paths: list[pathlib.Path]) -> dict[pathlib.Path, int]:
-    return {p: stat.S_IMODE(p.stat().st_mode) for p in paths}
+def _modes(paths: list[pathlib.Path], within: pathlib.Path) -> dict[pathlib.Path, int]:
+    # Only directories this test owns: pytest runs elsewhere on the machine re-chmod the shared
+    # /tmp/pytest-of-<user> themselves.
+    return {p: stat.S_IMODE(p.stat().st_mode) for p in paths if p.is_relative_to(within)}
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root runs PostgreSQL as another account")
@@ -164,12 +166,12 @@ def test_as_root_no_directory_outside_the_data_dir_is_widened(tmp_path: pathlib.
     home.chmod(0o700)
     data = home / "project" / ".dtask" / "postgres"
     data.mkdir(parents=True)
-    before = _modes(list(data.parents))
+    before = _modes(list(data.parents), tmp_path)
     server = EmbeddedPostgres(data)
     try:
         url = server.start()
         assert asyncio.run(_fetchval(url, "SELECT 1")) == 1
-        assert _modes(list(data.parents)) == before
+        assert _modes(list(data.parents), tmp_path) == before
         # The cluster lives where the service account can reach it; the data dir records where.
         cluster = (data / "pgdata").resolve()
         assert not cluster.is_relative_to(home)
@@ -219,10 +221,10 @@ def test_as_root_binaries_out_of_reach_are_copied_not_exposed(tmp_path: pathlib.
     (bin_dir / "postgres").chmod(0o755)
     account = _service_account()
     assert account is not None
-    before = _modes([home, *home.parents])
+    before = _modes([home, *home.parents], tmp_path)
     copied = _reachable_bin_dir(account, bin_dir)
     try:
-        assert _modes([home, *home.parents]) == before
+        assert _modes([home, *home.parents], tmp_path) == before
         ran = subprocess.run(
             [str(copied / "postgres")],
             user=account.pw_uid,
