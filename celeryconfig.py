@@ -2,14 +2,38 @@
 so each setting below is chosen to make the transport fast, boring and unable to hurt a task.
 """
 
+from typing import NoReturn
+
 from kombu import Exchange, Queue
+from kombu.transport import TRANSPORT_ALIASES
+from kombu.transport.base import Transport
 
 from tasks_core.settings import get_settings
 from tasks_core.transport import DURABLE_QUEUE, DUTIES_QUEUE
 
 _s = get_settings()
 
-broker_url = _s.broker_url or "redis://127.0.0.1:6379/0"
+
+class BrokerNotConfigured(RuntimeError):
+    pass
+
+
+class NoBrokerTransport(Transport):
+    """The broker when DTASK_BROKER_URL is unset: every connection fails, naming the setting.
+
+    No hidden default: Celery alone would fall back to amqp://guest@localhost:5672, a broker that
+    may well answer on a shared machine and swallow the task ids.
+    """
+
+    driver_type = driver_name = "dtask-no-broker"
+
+    def establish_connection(self) -> NoReturn:
+        raise BrokerNotConfigured("DTASK_BROKER_URL is not set (redis://host:6379/0)")
+
+
+TRANSPORT_ALIASES["dtask-no-broker"] = "celeryconfig:NoBrokerTransport"
+
+broker_url = _s.broker_url or "dtask-no-broker://"
 broker_connection_retry_on_startup = True
 
 # JSON only: a message is a task id, nothing a pickle could smuggle in.

@@ -32,7 +32,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not reachable(admin):
         pg = EmbeddedPostgres(scratch / "pg")
         admin = pg.start()
-        _cleanup.append(pg.stop)
+        _cleanup.append(pg.destroy)  # as root its cluster is outside scratch
     if not reachable(redis_base):
         rd = EmbeddedRedis(scratch / "redis")
         redis_base = rd.start()
