@@ -74,10 +74,16 @@ task_acks_late = False
 task_reject_on_worker_lost = False
 worker_prefetch_multiplier = 1
 worker_disable_prefetch = True
-# visibility_timeout only matters if someone turns on late acks: never re-deliver before the
-# longest allowed task. Socket timeouts: a paused Redis fails a publish in seconds instead of
-# hanging its thread forever (workers' BRPOP polls every second, well inside them).
+# No ack emulation on Redis: a message is gone from the list once a worker pops it, and the
+# acknowledgement costs no Redis round trip. Emulation would keep a copy in an "unacked" hash to
+# restore after visibility_timeout, which early acknowledgement makes pointless (the publisher
+# re-sends a pending task whose message was lost), and its restore-on-reconnect path crashed workers
+# during a Redis restart (kombu: 'NoneType' object has no attribute 'hostname'; found by the fault
+# campaign). visibility_timeout then never applies; it stays above the longest task for anyone who
+# turns emulation and late acks back on. Socket timeouts: a paused Redis fails a publish in seconds
+# instead of hanging its thread forever (workers' BRPOP polls every second, well inside them).
 broker_transport_options = {
+    "ack_emulation": False,
     "visibility_timeout": int(_s.max_timeout_seconds) + 3600,
     "socket_timeout": 5,
     "socket_connect_timeout": 2,

@@ -104,6 +104,9 @@ class Settings(BaseSettings):
     # at claim, like the capacity, so one tenant cannot hold every slot while others wait.
     owner_max_pending: int | None = Field(default=None, ge=1)
     owner_max_running: int | None = Field(default=None, ge=1)
+    # Workers add their counters to the shared Redis hash at most this often (and when they stop):
+    # flushing after every task would cost a Redis round trip per task.
+    metrics_flush_seconds: float = Field(default=1.0, ge=0)
     # Bearer token for /metrics (Prometheus' `authorization` setting). Unset: only admin API keys.
     metrics_token: str | None = None
     # /metrics serves figures at most this old: a scrape storm costs one query per interval, never

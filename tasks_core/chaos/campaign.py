@@ -404,7 +404,7 @@ class Campaign:
                     duplicates += 1
                     continue
                 self.submitted.append(r.task_id)
-                publish_failed += not r.published
+                publish_failed += r.publish_error is not None  # unsent for capacity is no failure
             i += len(batch)
             tick += 1
             await asyncio.sleep(max(0.0, start + tick * SUBMIT_INTERVAL - time.monotonic()))
