@@ -288,6 +288,51 @@ class TaskRepository:
             # The holder finished between our insert and our look-up: the key is free again.
         raise RuntimeError("dedupe key kept changing hands; giving up")
 
+    async def insert_many(self, conn: AsyncConnection, news: Sequence[NewTask]) -> list[Inserted]:
+        """Insert many pending tasks in one statement (in order), in the caller's transaction; an
+        entry whose dedupe key an active task of its owner holds (one earlier in the same batch
+        included) gets that holder instead of a row."""
+        if not news:
+            return []
+        ids = [uuid.uuid4() for _ in news]
+        columns = {
+            "ids": ids,
+            "types": [n.task_type for n in news],
+            "versions": [n.handler_version for n in news],
+            "payloads": [json.dumps(n.payload) for n in news],
+            "owners": [n.owner for n in news],
+            "keys": [n.dedupe_key for n in news],
+            "timeouts": [n.timeout_seconds for n in news],
+        }
+        stored = set(
+            (
+                await conn.execute(
+                    text(
+                        f"""INSERT INTO tasks (id, task_type, handler_version, payload, owner, status,
+                               dedupe_key, timeout_seconds, created_at)
+                        SELECT id, task_type, hv, CAST(payload AS jsonb), owner, 'pending', key, timeout,
+                               {NOW}
+                        FROM unnest(CAST(:ids AS uuid[]), CAST(:types AS text[]), CAST(:versions AS int[]),
+                                    CAST(:payloads AS text[]), CAST(:owners AS text[]), CAST(:keys AS text[]),
+                                    CAST(:timeouts AS float8[]))
+                             WITH ORDINALITY AS n(id, task_type, hv, payload, owner, key, timeout, ord)
+                        ORDER BY ord
+                        ON CONFLICT (owner, task_type, dedupe_key)
+                            WHERE status IN {ACTIVE_SQL} AND dedupe_key IS NOT NULL
+                        DO NOTHING RETURNING id"""
+                    ),
+                    self._p(**columns),
+                )
+            ).scalars()
+        )
+        out: list[Inserted] = []
+        for task_id, new in zip(ids, news, strict=True):
+            if task_id in stored:
+                out.append(Inserted(id=task_id))
+            else:  # a held dedupe key: the holder (rare enough to look up one by one)
+                out.append(await self.insert(conn, new))
+        return out
+
     async def take_idempotency_key(
         self, conn: AsyncConnection, owner: str, key: str, request_hash: str
     ) -> Row | None:

@@ -228,6 +228,39 @@ class SubmitTransaction:
         self.results.append(result)
         return result
 
+    async def add_many(self, intents: Sequence[TaskIntent]) -> list[Submitted | InvalidTask]:
+        """Validate each intent; insert the valid ones in one statement (in order). Each invalid one
+        is reported in its place, and stores nothing."""
+        services = self.submitter.services
+        if services.settings.owner_max_pending is not None and self.owner is not None:
+            outcomes: list[Submitted | InvalidTask] = []
+            for intent in intents:  # the quota is counted entry by entry
+                try:
+                    outcomes.append(await self.add(intent))
+                except InvalidTask as exc:
+                    outcomes.append(exc)
+            return outcomes
+        checked: list[NewTask | InvalidTask] = []
+        for intent in intents:
+            try:
+                checked.append(
+                    validate(intent, services.registry, services.settings, self.owner, admin=self.admin)
+                )
+            except InvalidTask as exc:
+                checked.append(exc)
+        valid = [c for c in checked if isinstance(c, NewTask)]
+        inserted = iter(await services.repo.insert_many(self.conn, valid))
+        results: list[Submitted | InvalidTask] = []
+        for c in checked:
+            if isinstance(c, InvalidTask):
+                results.append(c)
+                continue
+            row = next(inserted)
+            submitted = Submitted(task_id=row.id, duplicate_of=row.duplicate_of)
+            self.results.append(submitted)
+            results.append(submitted)
+        return results
+
 
 @dataclass(frozen=True)
 class Idempotency:
@@ -317,6 +350,7 @@ class Submitter:
     ) -> list[Submitted | InvalidTask]:
         repo = self.services.repo
         async with self.transaction(owner, admin=admin) as tx:
+            outcomes: list[Submitted | InvalidTask] = []
             if idempotency is not None:
                 earlier = await repo.take_idempotency_key(
                     tx.conn, owner or "", idempotency.key, idempotency.request_hash
@@ -327,14 +361,11 @@ class Submitter:
                             "Idempotency-Key", "this key was already used with a different request"
                         )
                     return [_replay(entry) for entry in earlier["response"]]
-            outcomes: list[Submitted | InvalidTask] = []
-            for intent in intents:
-                try:
-                    outcomes.append(await tx.add(intent))
-                except InvalidTask as exc:
-                    if all_or_nothing:
-                        raise  # nothing is stored, the key included: a retry is judged afresh
-                    outcomes.append(exc)
+            if all_or_nothing:
+                # nothing is stored on a refusal, the key included: a retry is judged afresh
+                outcomes = [await tx.add(intent) for intent in intents]
+            else:
+                outcomes = await tx.add_many(intents)
             if idempotency is not None:
                 await repo.record_idempotent_answer(
                     tx.conn, owner or "", idempotency.key, [_record(o) for o in outcomes]
