@@ -16,6 +16,7 @@ from sqlalchemy.exc import DBAPIError
 
 from app import routes_health, routes_tasks, routes_types
 from app.auth import Guard, KeyRing
+from app.cache import TtlCache
 from app.metrics import MetricsCache
 from tasks_core.db import check_schema, is_transient
 from tasks_core.services import Services, build_services
@@ -95,6 +96,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app = FastAPI(title="durable-tasks", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
     app.state.keys = KeyRing(settings.api_keys)
     app.state.metrics_cache = MetricsCache(settings.metrics_cache_seconds)
+    app.state.summary_cache = TtlCache[dict[str, Any]](settings.metrics_cache_seconds)
     if services is not None:
         app.state.services = services
     app.add_exception_handler(RequestValidationError, _validation_error)

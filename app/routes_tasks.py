@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from app.auth import Principal, principal
+from app.cache import TtlCache
 from app.schemas import (
     NO_NUL,
     BatchIn,
@@ -129,7 +130,7 @@ async def submit_task(
                 "task_id": str(result.duplicate_of),
             },
         )
-    return await _view(svc, await svc.repo.get(result.task_id) or {})
+    return await _submitted_view(svc, result)
 
 
 @router.post(
@@ -179,14 +180,20 @@ async def submit_batch(
 
 
 async def _submitted_view(svc: Services, outcome: Submitted) -> dict[str, Any]:
-    row = await svc.repo.get(outcome.task_id)
-    return task_view(row) if row else {}
+    """The task as just submitted, without reading it back (a replay reads the current row)."""
+    if outcome.row is not None:
+        return task_view(outcome.row, outcome.waiting_reason())
+    return await _view(svc, await svc.repo.get(outcome.task_id) or {})
 
 
 @router.get("/summary", response_model=Summary, responses={**AUTH})
-async def summary(caller: Caller, svc: Svc) -> Any:
-    """Exact counts by status and by type (your own tasks unless you hold an admin key)."""
-    return await svc.repo.summary(owner=caller.owner_filter())
+async def summary(caller: Caller, svc: Svc, request: Request) -> Any:
+    """Exact counts by status and by type (your own tasks unless you hold an admin key), as of
+    `age_seconds` ago: they are counted at most every DTASK_METRICS_CACHE_SECONDS."""
+    owner = caller.owner_filter()
+    cache: TtlCache[dict[str, Any]] = request.app.state.summary_cache
+    counts, age = await cache.get(owner, lambda: svc.repo.summary(owner=owner))
+    return {**counts, "age_seconds": round(age, 3)}
 
 
 @router.get("", response_model=TaskPage, responses={**AUTH})

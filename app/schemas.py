@@ -84,6 +84,7 @@ class Summary(BaseModel):
     total: int
     by_status: dict[str, int]
     by_type: dict[str, dict[str, int]]
+    age_seconds: float = Field(0.0, description="How long ago these exact counts were taken")
 
 
 class Conflict(BaseModel):

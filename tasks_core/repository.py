@@ -171,6 +171,8 @@ class Inserted:
     id: uuid.UUID
     # Set when an active task already holds the dedupe key: that task's id.
     duplicate_of: uuid.UUID | None = None
+    # The stored row, as inserted (None for a duplicate).
+    row: Row | None = None
 
 
 @dataclass(frozen=True)
@@ -259,7 +261,7 @@ class TaskRepository:
                                 {NOW})
                         ON CONFLICT (owner, task_type, dedupe_key)
                             WHERE status IN {ACTIVE_SQL} AND dedupe_key IS NOT NULL
-                        DO NOTHING RETURNING id"""
+                        DO NOTHING RETURNING *"""
                     ),
                     self._p(
                         id=task_id,
@@ -271,9 +273,9 @@ class TaskRepository:
                         timeout=new.timeout_seconds,
                     ),
                 )
-            ).scalar()
+            ).mappings().first()
             if inserted is not None:
-                return Inserted(id=inserted)
+                return Inserted(id=task_id, row=dict(inserted))
             holder = (
                 await conn.execute(
                     text(
@@ -304,8 +306,9 @@ class TaskRepository:
             "keys": [n.dedupe_key for n in news],
             "timeouts": [n.timeout_seconds for n in news],
         }
-        stored = set(
-            (
+        stored = {
+            row["id"]: dict(row)
+            for row in (
                 await conn.execute(
                     text(
                         f"""INSERT INTO tasks (id, task_type, handler_version, payload, owner, status,
@@ -319,16 +322,16 @@ class TaskRepository:
                         ORDER BY ord
                         ON CONFLICT (owner, task_type, dedupe_key)
                             WHERE status IN {ACTIVE_SQL} AND dedupe_key IS NOT NULL
-                        DO NOTHING RETURNING id"""
+                        DO NOTHING RETURNING *"""
                     ),
                     self._p(**columns),
                 )
-            ).scalars()
-        )
+            ).mappings()
+        }
         out: list[Inserted] = []
         for task_id, new in zip(ids, news, strict=True):
             if task_id in stored:
-                out.append(Inserted(id=task_id))
+                out.append(Inserted(id=task_id, row=stored[task_id]))
             else:  # a held dedupe key: the holder (rare enough to look up one by one)
                 out.append(await self.insert(conn, new))
         return out

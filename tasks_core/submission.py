@@ -11,7 +11,7 @@ import json
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,6 +76,14 @@ class Submitted:
     publish_error: str | None = None
     # The answer to an earlier request with the same Idempotency-Key: nothing new was stored.
     replayed: bool = False
+    # The row as stored (None for a duplicate or a replay).
+    row: Mapping[str, Any] | None = None
+
+    def waiting_reason(self) -> str:
+        """Why the task just submitted waits, from what the submission knows (no query)."""
+        if self.publish_error:
+            return f"publish failed: {self.publish_error}"
+        return "waiting for a worker" if self.published else "waiting for a free slot"
 
 
 # Deeper payloads are refused: nothing legitimate nests this far, and a recursive walk (ours,
@@ -222,7 +230,7 @@ class SubmitTransaction:
                     "task_type", f"you have {limit} pending tasks, the most allowed (DTASK_OWNER_MAX_PENDING)"
                 )
         inserted = await services.repo.insert(self.conn, new)
-        result = Submitted(task_id=inserted.id, duplicate_of=inserted.duplicate_of)
+        result = Submitted(task_id=inserted.id, duplicate_of=inserted.duplicate_of, row=inserted.row)
         if inserted.duplicate_of is None and self._pending is not None:
             self._pending += 1
         self.results.append(result)
@@ -256,7 +264,7 @@ class SubmitTransaction:
                 results.append(c)
                 continue
             row = next(inserted)
-            submitted = Submitted(task_id=row.id, duplicate_of=row.duplicate_of)
+            submitted = Submitted(task_id=row.id, duplicate_of=row.duplicate_of, row=row.row)
             self.results.append(submitted)
             results.append(submitted)
         return results
