@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import json
 import logging
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -214,6 +217,10 @@ def flower(
     flower_command(address, port, insecure_local)
 
 
+# How long `dtask submit` rides out a database blink (retrying under one Idempotency-Key).
+SUBMIT_RETRY_SECONDS = 10.0
+
+
 @cli.command()
 def submit(
     task_type: str,
@@ -221,9 +228,18 @@ def submit(
     dedupe_key: Annotated[str | None, typer.Option()] = None,
     timeout: Annotated[float | None, typer.Option(help="seconds")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="show progress until the task ends")] = False,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(help="makes a repeated submit return the first one's task (kept 24 h); default: fresh"),
+    ] = None,
 ) -> None:
-    """Submit a task and print its id."""
-    from tasks_core.submission import InvalidTask, Submitter, TaskIntent
+    """Submit a task and print its id.
+
+    A database blink is ridden out: the submission is retried for a few seconds under one
+    Idempotency-Key, so a retry after a lost answer never stores the task twice."""
+    from tasks_core import metrics
+    from tasks_core.lease import retry_transient
+    from tasks_core.submission import Idempotency, InvalidTask, Submitter, TaskIntent
 
     # Before anything is stored: a task nobody can send would wait for a broker that does not exist.
     get_settings().require_broker()
@@ -232,11 +248,22 @@ def submit(
     except json.JSONDecodeError as exc:
         _fail(f"--payload is not JSON: {exc}", Exit.USAGE)
 
+    intent = TaskIntent(task_type, body, dedupe_key=dedupe_key, timeout_seconds=timeout)
+    key = idempotency_key or str(uuid.uuid4())
+    request = json.dumps([task_type, body, dedupe_key, timeout], sort_keys=True)
+    idempotency = Idempotency(key, hashlib.sha256(request.encode()).hexdigest())
+
     async def go() -> Any:
         async with _client() as services:
-            return await Submitter(services).submit(
-                TaskIntent(task_type, body, dedupe_key=dedupe_key, timeout_seconds=timeout), owner="cli"
+            deadline = time.monotonic() + SUBMIT_RETRY_SECONDS
+            result = await retry_transient(
+                lambda: Submitter(services).submit(intent, owner="cli", idempotency=idempotency),
+                lambda: deadline,
+                "submission",
             )
+            with contextlib.suppress(Exception):  # the counters wait for the next flush
+                await metrics.flush(services.redis)
+            return result
 
     try:
         result = _run(go)
@@ -244,10 +271,11 @@ def submit(
         _fail(f"invalid task: {exc}", Exit.USAGE)
     if result.duplicate_of is not None:
         typer.echo(f"an active task already holds this dedupe key: {result.duplicate_of}", err=True)
-    elif not result.published:
-        typer.echo(
-            f"warning: not published yet ({result.publish_error}); the publisher will send it", err=True
-        )
+    elif result.publish_error:
+        warning = f"warning: not published yet ({result.publish_error}); the publisher will send it"
+        typer.echo(warning, err=True)
+    elif not result.published and not result.replayed:
+        typer.echo("waiting for a free slot: it is sent as soon as capacity frees", err=True)
     typer.echo(str(result.task_id))
     if wait:
         _watch(result.task_id)
