@@ -217,6 +217,7 @@ async def list_tasks(
 
 @router.get("/{task_id}", response_model=TaskOut, responses={**AUTH, **NOT_FOUND})
 async def get_task(task_id: uuid.UUID, caller: Caller, svc: Svc) -> Any:
+    """One of your tasks (any task with an admin key), with `waiting_reason` while pending."""
     return await _view(svc, await _owned(svc, task_id, caller))
 
 
@@ -249,6 +250,7 @@ async def cancel_task(task_id: uuid.UUID, caller: Caller, svc: Svc, response: Re
     responses={**AUTH, **NOT_FOUND, 409: {"model": Message, "description": "Task not finished"}},
 )
 async def delete_task(task_id: uuid.UUID, caller: Caller, svc: Svc) -> Response:
+    """Delete a finished task and its attempt records (cancel an active one first)."""
     await _owned(svc, task_id, caller)
     outcome = await svc.repo.delete(task_id)
     if outcome is None:
