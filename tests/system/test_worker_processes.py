@@ -137,7 +137,7 @@ async def test_failed_first_publish_is_sent_by_the_publisher_once_workers_run(
 ) -> None:
     """Submit commits the intent even when the broker is unreachable; beat's publisher sends it later."""
     done = cluster.run_cli(
-        "submit", "diagnostics.noop", "--payload", '{"n": 1}', DTASK_BROKER_URL=CLOSED_BROKER
+        "submit", "diagnostics.sleep", "--payload", '{"seconds": 0}', DTASK_BROKER_URL=CLOSED_BROKER
     )
     assert done.returncode == 0, done.stderr
     assert "publish" in done.stderr.lower(), done.stderr  # the failure is reported, not raised
@@ -155,7 +155,7 @@ async def test_failed_first_publish_is_sent_by_the_publisher_once_workers_run(
     row = await wait_terminal(services, task_id, within=STARTUP_TIMEOUT + PUBLISH_SECONDS + MARGIN)
 
     assert row["status"] == "success", row
-    assert row["result"] == {"n": 1}, row
+    assert row["result"] == {"slept": 0.0, "steps": 1}, row
     assert row["attempt_count"] == 1, row
     assert row["attempt_token"] is None and row["lease_expires_at"] is None, row
     assert row["publish_error"] is None, row
