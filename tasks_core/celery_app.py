@@ -75,7 +75,11 @@ class ProcessState:
         # (and the readiness fact) name the exact worker process, not just the machine: several
         # workers share a host, and operators must tell which one owned an attempt.
         extra = {"worker_name": f"{_node_name}:{self.pid}"} if _node_name else None
-        self.services = build_services(get_settings(), pool_size=3, extra=extra, pre_ping=False)
+        # A pool child runs one task: its handler's writes, the heartbeat and the relay need a few
+        # connections at most; a worker's children must not exhaust the server's max_connections.
+        self.services = build_services(
+            get_settings(), pool_size=2, max_overflow=2, extra=extra, pre_ping=False
+        )
         # An unresponsive handler was left running in this loop: the process must be recycled.
         self.abandoned = False
         self.flushed_at = 0.0
