@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import signal
 import sys
 import time
 import uuid
@@ -276,15 +277,18 @@ def submit(
         typer.echo(warning, err=True)
     elif not result.published and not result.replayed:
         typer.echo("waiting for a free slot: it is sent as soon as capacity frees", err=True)
-    typer.echo(str(result.task_id))
     if wait:
         _watch(result.task_id)
+    typer.echo(str(result.task_id))
 
 
 def _watch(task_id: uuid.UUID) -> NoReturn:
     try:
+        # The id is printed inside the guard: a Ctrl-C right after it still gets the sentence below.
+        typer.echo(str(task_id))
         code = _wait(task_id)
     except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the sentence
         _fail(
             f"stopped watching; task {task_id} goes on. Watch it with `dtask show {task_id}`, "
             f"cancel it with `dtask cancel {task_id}`",
