@@ -134,22 +134,39 @@ def db_status() -> None:
 
 @cli.command()
 def worker(
-    concurrency: Annotated[int | None, typer.Option("--concurrency", "-c", help="pool processes")] = None,
-    pool: Annotated[str, typer.Option(help="prefork or solo")] = "prefork",
+    concurrency: Annotated[
+        int | None, typer.Option("--concurrency", "-c", help="tasks at once: pool processes, or threads")
+    ] = None,
+    pool: Annotated[
+        str,
+        typer.Option(
+            help="prefork (a process per task: CPU-heavy handlers), threads (the dense mode: many "
+            "I/O-bound tasks in one process, on one event loop) or solo"
+        ),
+    ] = "prefork",
+    queues: Annotated[
+        str | None,
+        typer.Option(
+            "--queues", "-Q", help="task queues to consume, comma-separated (default: durable); duties always"
+        ),
+    ] = None,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
     hostname: Annotated[str | None, typer.Option("--hostname", "-n")] = None,
 ) -> None:
-    """Run a worker: durable tasks and the duties that recover them (both queues)."""
+    """Run a worker: durable tasks and the duties that recover them."""
+    if pool not in WORKER_POOLS:
+        _fail(f"--pool {pool!r} is not supported: use {', '.join(WORKER_POOLS)}", Exit.USAGE)
     settings = get_settings()
     settings.require_broker()
     _schema_gate(settings)
     from tasks_core.celery_app import app
     from tasks_core.transport import DURABLE_QUEUE, DUTIES_QUEUE
 
+    consumed = [q.strip() for q in (queues or DURABLE_QUEUE).split(",") if q.strip()]
     argv = [
         "worker",
         "-Q",
-        f"{DURABLE_QUEUE},{DUTIES_QUEUE}",
+        ",".join(dict.fromkeys([*consumed, DUTIES_QUEUE])),  # every worker runs the duties
         "-c",
         str(concurrency or settings.concurrency),
         "-P",
@@ -161,6 +178,10 @@ def worker(
     if hostname:
         argv += ["-n", hostname]
     app.worker_main(argv)
+
+
+# prefork, the dense mode (threads), and solo; Celery's other pools are refused.
+WORKER_POOLS = ("prefork", "threads", "solo")
 
 
 @cli.command()

@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     # lease is renewed meanwhile); one that is still running then is declared unresponsive, its
     # attempt ends failed (handler_unresponsive) and its pool process is recycled.
     cleanup_grace_seconds: float = Field(default=30.0, ge=0)
+    # A worker warns, naming the handler, when its event loop stops turning for this long: in the
+    # dense mode (`--pool threads`) one blocking handler stalls every neighbour's heartbeat. 0: off.
+    loop_lag_warn_seconds: float = Field(default=0.5, ge=0)
     # Progress is persisted only when it moved at least this much (a new message always is).
     progress_delta: float = Field(default=1.0, ge=0)
     # Messages kept on the broker beyond the free slots (default: the capacity), so a worker finds
