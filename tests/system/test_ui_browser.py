@@ -41,6 +41,8 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 FLOWER_URL = "http://127.0.0.1:5555"
+# Four sleeps against three slots: the list also shows a task waiting for capacity.
+CAPACITY = "3"
 
 
 def _need_chromium() -> None:
@@ -54,7 +56,9 @@ def _need_chromium() -> None:
 @pytest.fixture
 def api(cluster: Cluster, tmp_path: Path) -> Iterator[str]:
     port = free_port()
-    env = cluster.env(DTASK_API_KEYS=KEYS, DTASK_DIAGNOSTICS="all", DTASK_FLOWER_URL=FLOWER_URL)
+    env = cluster.env(
+        DTASK_API_KEYS=KEYS, DTASK_DIAGNOSTICS="all", DTASK_FLOWER_URL=FLOWER_URL, DTASK_CAPACITY=CAPACITY
+    )
     log = tmp_path / "api.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -156,7 +160,7 @@ async def test_dashboard_in_a_real_browser(
     started = time.monotonic()
     shots = tmp_path / "screenshots"
     shots.mkdir()
-    worker = cluster.start_worker(concurrency=4)
+    worker = cluster.start_worker(concurrency=5, DTASK_CAPACITY=CAPACITY)
     cluster.start_beat()
     await cluster.wait_worker_ready(worker)
     await cluster.wait_readiness_fact()
@@ -181,6 +185,8 @@ async def test_dashboard_in_a_real_browser(
     await submit(api, ALICE, "diagnostics.fail", {})
     sleeper = await submit(api, ALICE, "diagnostics.sleep", {"seconds": 8, "steps": 8})
     victim = await submit(api, ALICE, "diagnostics.sleep", {"seconds": 120, "steps": 120})
+    for _ in range(2):
+        await submit(api, ALICE, "diagnostics.sleep", {"seconds": 5, "steps": 5})
     row = page.locator(f'tr[data-task="{sleeper}"]')
     seen: list[float] = []
     listed = False
@@ -225,10 +231,15 @@ async def test_dashboard_in_a_real_browser(
     assert answer is not None and answer.status == 404
     await other.screenshot(path=shots / "other-key-404.png")
 
-    # ---- signing out ends the session
+    # ---- signing out ends the session; a page open in another tab goes to sign-in by itself
     await page.goto(f"{api}/ui")
+    assert await page.locator(f'nav a[href="{FLOWER_URL}"]').count() == 1
+    second_tab = await context.new_page()
+    watch.attach(second_tab)
+    await second_tab.goto(f"{api}/ui")
     await page.click("text=Sign out")
     await page.wait_for_url("**/ui/sign-in")
+    await second_tab.wait_for_url("**/ui/sign-in", timeout=10_000)  # its next poll was refused
     await page.goto(f"{api}/ui/tasks/{sleeper}")
     assert "/ui/sign-in" in page.url
 
