@@ -45,6 +45,7 @@ NOTICES = {
 }
 # Where sign-in may send you back to: a dashboard path of ours, never another site.
 NEXT = re.compile(r"/ui(?:[/?][^\s\\]*)?")
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
 
 def _svc(request: Request) -> Services:
@@ -74,7 +75,9 @@ def _sign_in_form(
     request: Request, next_path: str, error: str | None = None, status_code: int = 200
 ) -> Response:
     token = sign_in_token()
-    context = {"viewer": None, "next": _next(next_path), "error": error, "token": token}
+    # Browsers drop a Secure cookie over plain HTTP (loopback aside): say so instead of looping.
+    insecure = request.url.scheme == "http" and request.url.hostname not in LOOPBACK
+    context = {"viewer": None, "next": _next(next_path), "error": error, "token": token, "insecure": insecure}
     response = render(request, "sign_in.html", context, status_code)
     remember_sign_in_token(response, token)
     return response

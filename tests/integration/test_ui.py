@@ -172,6 +172,16 @@ async def test_a_wrong_key_an_old_form_or_a_foreign_next_is_refused(browser: Any
         assert r.headers["location"] == "/ui", foreign
 
 
+async def test_sign_in_over_plain_http_warns_that_the_cookie_will_be_dropped(app: Any) -> None:
+    for base, warned in (
+        ("http://tasks.example", True),
+        ("https://tasks.example", False),
+        ("http://127.0.0.1", False),
+    ):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=base) as client:
+            assert ("plain HTTP" in (await client.get("/ui/sign-in")).text) is warned, base
+
+
 async def test_sign_out_needs_its_token_and_ends_the_session(browser: Any) -> None:
     client = await browser("alice")
     assert (await client.post("/ui/sign-out", data={"csrf": "0" * 64})).status_code == 403
