@@ -155,8 +155,8 @@ async def still_same_document(page: Any) -> bool:
 
 
 async def test_dashboard_in_a_real_browser(
-    cluster: Cluster, api: str, browser: Any, tmp_path: Path, record_property: Any
-) -> None:
+    browser: Any, cluster: Cluster, api: str, tmp_path: Path, record_property: Any
+) -> None:  # the browser first: without Chromium, skip before starting any process
     started = time.monotonic()
     shots = tmp_path / "screenshots"
     shots.mkdir()
