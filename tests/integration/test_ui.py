@@ -275,7 +275,8 @@ async def test_waiting_reason_error_lease_and_attempts_are_on_the_row(svc: Any, 
         tid: page.split(f'data-task="{tid}"')[1].split("</tr>")[0]
         for tid in map(str, (waiting, running, failed))
     }
-    assert "waiting for a worker" in row[str(waiting)]  # the API's waiting_reason
+    reason = await svc.repo.waiting_reason(await svc.repo.get(waiting), svc.settings.capacity)
+    assert reason and reason in row[str(waiting)]  # the API's waiting_reason
     assert 'value="42.0"' in row[str(running)] and "halfway there" in row[str(running)]
     assert re.search(r"<td>\s*<span class=\"\">\d+ s</span>", row[str(running)])  # lease left
     assert "handler_error: ValueError: bad input" in row[str(failed)]
