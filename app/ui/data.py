@@ -13,8 +13,10 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
+from fastapi import Request
 from sqlalchemy import text
 
+from app.cache import TtlCache
 from app.task_actions import cancellable, deletable
 from tasks_core.model import Status
 from tasks_core.services import Services
@@ -38,6 +40,14 @@ class Filters:
         params = {"status": f.status, "task_type": f.task_type, "cursor": f.cursor}
         params["limit"] = None if f.limit == DEFAULT_PAGE_SIZE else str(f.limit)
         return urlencode({k: v for k, v in params.items() if v})
+
+
+async def summary(request: Request, owner: str | None) -> tuple[dict[str, Any], float]:
+    """Counts by status and type, and their age: from the cache GET /tasks/summary answers from,
+    so a room full of dashboards costs one count per key and interval."""
+    svc: Services = request.app.state.services
+    cache: TtlCache[dict[str, Any]] = request.app.state.summary_cache
+    return await cache.get(owner, lambda: svc.repo.summary(owner=owner))
 
 
 async def db_now(svc: Services) -> datetime:

@@ -139,11 +139,12 @@ async def _table(request: Request, viewer: Viewer, f: Filters) -> dict[str, Any]
 
 
 async def _overview(request: Request, viewer: Viewer) -> dict[str, Any]:
-    svc = _svc(request)
+    counts, age = await data.summary(request, viewer.principal.owner_filter())
     return {
         "viewer": viewer,
-        "summary": await svc.repo.summary(owner=viewer.principal.owner_filter()),
-        "facts": await readiness_facts(svc),
+        "summary": counts,
+        "counted_ago": age,
+        "facts": await readiness_facts(_svc(request)),
     }
 
 

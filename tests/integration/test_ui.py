@@ -283,6 +283,17 @@ async def test_waiting_reason_error_lease_and_attempts_are_on_the_row(svc: Any, 
     assert "Traceback" not in page
 
 
+async def test_counts_come_from_the_same_cache_as_the_api_summary(svc: Any, browser: Any) -> None:
+    client = await browser("alice")
+    await submit(svc.repo, "diagnostics.noop", {}, owner="alice")
+    assert "<b>1</b> tasks" in (await client.get("/ui/fragments/overview")).text
+    await submit(svc.repo, "diagnostics.noop", {}, owner="alice")
+    again = (await client.get("/ui/fragments/overview")).text
+    assert "<b>1</b> tasks" in again  # counted at most every DTASK_METRICS_CACHE_SECONDS
+    api = await client.get("/tasks/summary", headers={"Authorization": f"Bearer {SECRETS['alice']}"})
+    assert api.json()["total"] == 1  # one cache for both
+
+
 # ------------------------------------------------------------------ owners
 
 
