@@ -57,7 +57,11 @@ def _need_chromium() -> None:
 def api(cluster: Cluster, tmp_path: Path) -> Iterator[str]:
     port = free_port()
     env = cluster.env(
-        DTASK_API_KEYS=KEYS, DTASK_DIAGNOSTICS="all", DTASK_FLOWER_URL=FLOWER_URL, DTASK_CAPACITY=CAPACITY
+        DTASK_API_KEYS=KEYS,
+        DTASK_DIAGNOSTICS="all",
+        DTASK_FLOWER_URL=FLOWER_URL,
+        DTASK_CAPACITY=CAPACITY,
+        DTASK_METRICS_CACHE_SECONDS="1",  # counts as fresh as the table, for the screenshots
     )
     log = tmp_path / "api.log"
     with log.open("wb") as out:
