@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, R
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from app import task_actions
 from app.auth import Principal, principal
 from app.cache import TtlCache
 from app.schemas import (
@@ -82,13 +83,6 @@ async def _view(svc: Services, row: dict[str, Any]) -> dict[str, Any]:
         row, svc.settings.capacity, owner_max_running=svc.settings.owner_max_running
     )
     return task_view(row, reason)
-
-
-async def _owned(svc: Services, task_id: uuid.UUID, caller: Principal) -> dict[str, Any]:
-    row = await svc.repo.get(task_id)
-    if row is None or (not caller.admin and row["owner"] != caller.name):
-        raise HTTPException(404, "no such task")  # another owner's task does not exist for you
-    return dict(row)
 
 
 @router.post(
@@ -218,7 +212,7 @@ async def list_tasks(
 @router.get("/{task_id}", response_model=TaskOut, responses={**AUTH, **NOT_FOUND})
 async def get_task(task_id: uuid.UUID, caller: Caller, svc: Svc) -> Any:
     """One of your tasks (any task with an admin key), with `waiting_reason` while pending."""
-    return await _view(svc, await _owned(svc, task_id, caller))
+    return await _view(svc, await task_actions.owned_task(svc, task_id, caller))
 
 
 @router.post(
@@ -233,14 +227,9 @@ async def get_task(task_id: uuid.UUID, caller: Caller, svc: Svc) -> Any:
 )
 async def cancel_task(task_id: uuid.UUID, caller: Caller, svc: Svc, response: Response) -> Any:
     """Pending: cancelled now (200). Running: cancel requested, it stops at its next heartbeat (202)."""
-    await _owned(svc, task_id, caller)
-    outcome = await svc.repo.request_cancel(task_id, svc.registry)
-    if outcome is None:
-        raise HTTPException(404, "no such task")
-    if outcome == "terminal":
-        raise HTTPException(409, "task already finished")
+    outcome = await task_actions.cancel_task(svc, task_id, caller)
     response.status_code = status.HTTP_200_OK if outcome == "cancelled" else status.HTTP_202_ACCEPTED
-    return await _view(svc, await _owned(svc, task_id, caller))
+    return await _view(svc, await task_actions.owned_task(svc, task_id, caller))
 
 
 @router.delete(
@@ -251,10 +240,5 @@ async def cancel_task(task_id: uuid.UUID, caller: Caller, svc: Svc, response: Re
 )
 async def delete_task(task_id: uuid.UUID, caller: Caller, svc: Svc) -> Response:
     """Delete a finished task and its attempt records (cancel an active one first)."""
-    await _owned(svc, task_id, caller)
-    outcome = await svc.repo.delete(task_id)
-    if outcome is None:
-        raise HTTPException(404, "no such task")
-    if outcome == "active":
-        raise HTTPException(409, "only finished tasks can be deleted; cancel it first")
+    await task_actions.delete_task(svc, task_id, caller)
     return Response(status_code=204)

@@ -118,6 +118,8 @@ class Settings(BaseSettings):
     # `user:password` for Flower; without it `dtask flower` refuses to start (unless
     # `--insecure-local` on loopback).
     flower_basic_auth: str | None = None
+    # The dashboard (/ui) links here for Celery's view of workers and messages (`dtask flower`'s default).
+    flower_url: str = "http://127.0.0.1:5555"
     # Where `dtask dev` keeps its embedded data, logs, ports and session key (`--data-dir`).
     dev_dir: str = ".dtask"
 
