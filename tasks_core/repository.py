@@ -126,7 +126,7 @@ PUBLISH_DUE_SQL = text(
         FOR UPDATE SKIP LOCKED)
     UPDATE tasks t SET last_published_at = {NOW}, publish_error = NULL
     FROM due WHERE t.id = due.id
-    RETURNING t.id, t.created_at"""
+    RETURNING t.id, t.created_at, t.task_type"""
 )
 # A slot row held for a task that is not running under the slot's token.
 ORPHAN_SLOT = """s.task_id IS NOT NULL AND NOT EXISTS (
@@ -1101,7 +1101,26 @@ class TaskRepository:
         window: float = 60.0,
         owner_max_running: int | None = None,
     ) -> list[uuid.UUID]:
-        """The oldest runnable pending tasks the cluster can take now, stamped as published.
+        """The ids of ``take_due`` (same arguments)."""
+        due = await self.take_due(
+            registry, limit=limit, republish_after=republish_after, capacity=capacity, ahead=ahead,
+            window=window, owner_max_running=owner_max_running,
+        )
+        return [task_id for task_id, _type in due]
+
+    async def take_due(
+        self,
+        registry: RunnableSource,
+        *,
+        limit: int,
+        republish_after: float | None,
+        capacity: int | None = None,
+        ahead: int = 0,
+        window: float = 60.0,
+        owner_max_running: int | None = None,
+    ) -> list[tuple[uuid.UUID, str]]:
+        """The oldest runnable pending tasks the cluster can take now (id, type), stamped as
+        published.
 
         The budget is what capacity can take: ``capacity + ahead`` minus the tasks running and
         minus the messages in flight (pending tasks published within ``window``), so a thousand
@@ -1126,7 +1145,7 @@ class TaskRepository:
                     ),
                 )
             ).all()
-        return [r[0] for r in sorted(ids, key=lambda r: (r[1], r[0]))]
+        return [(r[0], r[2]) for r in sorted(ids, key=lambda r: (r[1], r[0]))]
 
     # ---------------------------------------------------------------- reads
 

@@ -18,7 +18,7 @@ from tasks_core.settings import Settings
 class Transport(Protocol):
     """Carries task ids to workers. Raises on failure; the pending row stays the truth."""
 
-    async def publish(self, task_ids: list[str]) -> None: ...
+    async def publish(self, task_ids: list[str], queue: str = ...) -> None: ...
 
 
 @dataclass
