@@ -343,3 +343,9 @@ def test_submit_counts_its_publish_in_the_shared_metrics(fresh: None, redis_clie
     assert dtask("submit", "diagnostics.noop").exit_code == 0
     fields = {k.decode(): float(v) for k, v in redis_client.hgetall(METRICS_KEY).items()}
     assert fields.get("dtask_published|by=submit") == 1.0, fields
+
+
+def test_worker_refuses_a_pool_it_does_not_support(fresh: None) -> None:
+    # gevent/eventlet would each need a loop per greenlet; only prefork, threads and solo are run.
+    out = dtask("worker", "--pool", "gevent")
+    assert out.exit_code == 2 and "use prefork, threads, solo" in out.output
