@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -175,8 +176,9 @@ def worker(
         loglevel,
         "-E",
     ]
-    if hostname:
-        argv += ["-n", hostname]
+    # A node name of its own per process: two workers on one host must not share one (on RabbitMQ
+    # the node's pidbox queue is exclusive, and the second would fail to start).
+    argv += ["-n", hostname or f"dtask-{os.getpid()}@%h"]
     app.worker_main(argv)
 
 
