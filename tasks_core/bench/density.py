@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import text
+
 from tasks_core.bench.common import (
     BenchEnv,
     CommonOptions,
@@ -60,6 +62,24 @@ def memory_mb(root_pid: int) -> dict[str, float]:
     return {"rss_mb": rss / 1024, "pss_mb": pss / 1024}
 
 
+# Connections a prefork child opens for one running task (the handler's writes and the heartbeat).
+PREFORK_CONNECTIONS = 2
+
+
+async def _free_connections(engine: Any) -> int:
+    async with engine.connect() as conn:
+        row = (
+            await conn.execute(
+                text(
+                    """SELECT current_setting('max_connections')::int
+                              - current_setting('superuser_reserved_connections')::int
+                              - (SELECT count(*) FROM pg_stat_activity)"""
+                )
+            )
+        ).one()
+    return int(row[0])
+
+
 def run(opts: DensityOptions) -> dict[str, Any]:
     return asyncio.run(_run(opts))
 
@@ -71,14 +91,23 @@ async def _run(opts: DensityOptions) -> dict[str, Any]:
         for mode, pool in MODES.items()
     }
     doc = Document("density", {**public_options(opts), "sizes": list(opts.sizes)}, quick=opts.quick)
-    rounds = Rounds(variants)
     async with BenchEnv("density", opts) as env:
         db_url = await env.create_database("density")
         services = durable_services(env, db_url, capacity=max(opts.sizes))
+        free = await _free_connections(services.engine)
+        for size in opts.sizes:
+            # Every prefork child holds database connections of its own (up to 4; 2 at rest):
+            # past the server's max_connections the worker cannot run n tasks at all.
+            need = PREFORK_CONNECTIONS * (size + 2)
+            if need > free:
+                variants.pop(f"prefork-{size}")
+                doc.note(f"prefork-{size} not run: {size + 2} children need about {need} database "
+                         f"connections, the server has {free} free (max_connections)")
+        rounds = Rounds(variants)
         try:
             for round_no, seq, name in alternate(list(variants), opts.rounds):
-                mode, n = name.rsplit("-", 1)
-                data = await _round(env, services, db_url, opts, MODES[mode], int(n))
+                mode, size_text = name.rsplit("-", 1)
+                data = await _round(env, services, db_url, opts, MODES[mode], int(size_text))
                 doc.settings.setdefault("worker_argv", {})[name] = data.pop("argv")
                 rounds.add(name, round_no, seq, data)
         finally:
@@ -124,11 +153,15 @@ def _finish(doc: Document, rounds: Rounds, opts: DensityOptions) -> dict[str, An
     rows = []
     for n in opts.sizes:
         for mode in MODES:
+            if f"{mode}-{n}" not in rounds.rounds:
+                continue
             m = rounds.medians(f"{mode}-{n}")
             rows.append([
                 f"{mode}-{n}", m.get("seconds_until_all_running"), m.get("running_rss_mb"),
                 m.get("running_pss_mb"), m.get("pss_mb_per_task"), m.get("rss_mb_per_task"),
             ])
+        if f"prefork-{n}" not in rounds.rounds:
+            continue
         dense, prefork = rounds.medians(f"dense-{n}"), rounds.medians(f"prefork-{n}")
         doc.data["ratios"][f"prefork-{n} / dense-{n} (PSS per task)"] = ratio(
             prefork.get("pss_mb_per_task"), dense.get("pss_mb_per_task")
