@@ -458,7 +458,6 @@ class TaskRepository:
         limit applies does the claim first take that type's / owner's lock, for at most
         ``lock_wait_seconds`` (``capacity_busy`` past it: the task is re-sent later).
         """
-        await self._ensure_slots(capacity)
         caps = _type_caps(registry)
         params = self._p(
             id=task_id,
@@ -470,36 +469,31 @@ class TaskRepository:
             **_runnable_arrays(registry),
             **caps,
         )
-        try:
-            if not caps["ctypes"] and owner_max_running is None:
-                async with self._autocommit() as conn:
-                    claimed = (await conn.execute(CLAIM_SQL, params)).mappings().first()
-            else:
-                claimed = await self._claim_under_locks(task_id, params, lock_wait_seconds)
-        except DBAPIError as exc:
-            if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
-                raise
-            await self.message_dropped(task_id)
-            return "capacity_busy"
-        if claimed is None:
+        for repaired in (False, True):
+            await self._ensure_slots(capacity)
+            try:
+                if not caps["ctypes"] and owner_max_running is None:
+                    async with self._autocommit() as conn:
+                        claimed = (await conn.execute(CLAIM_SQL, params)).mappings().first()
+                else:
+                    claimed = await self._claim_under_locks(task_id, params, lock_wait_seconds)
+            except DBAPIError as exc:
+                if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                    raise
+                await self.message_dropped(task_id)
+                return "capacity_busy"
+            if claimed is not None:
+                task = dict(claimed)
+                return Claim(task=task, token=task["attempt_token"], attempt=task["attempt_count"])
             reason = await self._refusal(task_id, registry, capacity, owner_max_running)
             if reason not in ("slots_missing", "slots_stale"):
                 return reason
-            # Slot rows were removed or left held behind the runtime's back (a truncated table):
-            # repair them, claim again.
-            self._slots = 0
-            await self.free_orphan_slots()
-            return await self.claim(
-                task_id,
-                registry,
-                capacity=capacity,
-                lease_seconds=lease_seconds,
-                worker=worker,
-                lock_wait_seconds=lock_wait_seconds,
-                owner_max_running=owner_max_running,
-            )
-        task = dict(claimed)
-        return Claim(task=task, token=task["attempt_token"], attempt=task["attempt_count"])
+            if not repaired:
+                # Slot rows were removed, or left held, behind the runtime's back (a truncated or
+                # hand-edited table): repair them once and claim again.
+                self._slots = 0
+                await self.free_orphan_slots()
+        return "capacity_full"
 
     async def _claim_under_locks(
         self, task_id: uuid.UUID, params: dict[str, Any], lock_wait_seconds: float
