@@ -690,13 +690,14 @@ class TaskRepository:
             error=None if error is None else json.dumps(error),
             cancelled=json.dumps({"code": "cancelled", "message": "cancel requested"}),
         )
-        hook = None
+        success_hook = failure_hook = None
         if hooks is not None:
             # (type, version): given by the owner, who knows it; a row's type never changes.
             task_type = kind or await self._task_type(task_id)
-            hook_kind = "success" if status == Status.SUCCESS else "failure"
-            hook = None if task_type is None else hooks.hook_for(task_type[0], task_type[1], hook_kind)
-        if hook is None:  # no hook: one round trip
+            if task_type is not None:
+                success_hook = hooks.hook_for(task_type[0], task_type[1], "success")
+                failure_hook = hooks.hook_for(task_type[0], task_type[1], "failure")
+        if success_hook is None and failure_hook is None:  # no hook to run: one round trip
             async with self._autocommit() as conn:
                 row = (await conn.execute(FINISH_SQL, params)).mappings().first()
             if row is None:
@@ -706,16 +707,11 @@ class TaskRepository:
             row = (await conn.execute(FINISH_SQL, params)).mappings().first()
             if row is None:
                 raise OwnershipLost(str(task_id))
+            # The final status decides the hook (cancel intent turns a success into `cancelled`);
+            # the hook sees the row as the ending attempt left it, with that attempt's token.
             final = Status(row["status"])
-            # The hook sees the row as the ending attempt left it: its token, its final status.
             task = {**row, "attempt_token": token}
-            final_hook = (
-                hook
-                if (final == Status.SUCCESS) == (status == Status.SUCCESS)
-                else (
-                    hooks.hook_for(task["task_type"], task["handler_version"], "failure") if hooks else None
-                )
-            )
+            final_hook = success_hook if final == Status.SUCCESS else failure_hook
             if final_hook is not None:
                 try:
                     await final_hook(conn, task, final.value)

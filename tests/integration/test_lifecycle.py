@@ -109,3 +109,25 @@ async def test_prune_deletes_terminal_tasks_by_age_only(services: Any) -> None:
     # From two hours in the future the recent one is old enough too; active rows still stay.
     assert await at(engine, now + timedelta(hours=2)).prune(older_than_seconds=3600) == 1
     assert set(await scalar(engine, "SELECT array_agg(id) FROM tasks")) == {old_pending, old_running}
+
+
+async def test_a_success_turned_cancelled_runs_the_failure_hook_even_for_a_type_without_a_success_hook(
+    services: Any,
+) -> None:
+    """Cancel intent beats a concurrent success; the hook that runs is the final status's."""
+    from domains.diagnostics.tasks import SPECS as DIAGNOSTICS
+    from tasks_core.registry import Registry
+    from tests.handlers_for_tests import TEST_SPECS
+    from tests.integration.repo_helpers import run_row, submit
+
+    registry = Registry([*DIAGNOSTICS, *TEST_SPECS])  # test.cleanup: a failure hook only
+    repo = services.repo
+    task_id = await submit(repo, "test.cleanup")
+    claim = await repo.claim(task_id, registry, capacity=4, lease_seconds=30)
+    assert await repo.request_cancel(task_id, registry) == "requested"
+    final = await repo.finish(task_id, claim.token, registry, status=Status.SUCCESS, result={"done": True})
+    assert final == Status.CANCELLED
+    row = await repo.get(task_id)
+    assert row["status"] == "cancelled" and row["result"] is None and row["error"]["code"] == "cancelled"
+    run = await run_row(services.engine, task_id)
+    assert run is not None and (run["status"], run["hook"]) == ("cancelled", "failure:cancelled"), run
