@@ -166,6 +166,7 @@ class Execution:
             lease=self.lease,
         )
         self.stop_reason: str | None = None
+        self._stopped = asyncio.Event()
         self._handler_task: asyncio.Task[Any] | None = None
         # Set once the terminal write starts: the heartbeat then only keeps the lease alive, and a
         # refusal it sees is the terminal commit itself, not a lost lease.
@@ -177,6 +178,7 @@ class Execution:
         """First reason wins; the handler is cancelled so its finally blocks clean up."""
         if self.stop_reason is None:
             self.stop_reason = reason
+            self._stopped.set()
             if reason == "cancelled":
                 self.ctx.request_cancel()
             if self._handler_task is not None:
@@ -208,18 +210,22 @@ class Execution:
     async def _wait_for_handler(self) -> None:
         """Until the handler ends; once it has been told to stop, at most the cleanup grace more."""
         assert self._handler_task is not None
+        told = asyncio.create_task(self._stopped.wait())
+        try:
+            await asyncio.wait({self._handler_task, told}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            told.cancel()
+        if self._handler_task.done():
+            return
         grace = self.services.settings.cleanup_grace_seconds
-        while not self._handler_task.done():
-            stopped_before = self.stop_reason is not None
-            done, _ = await asyncio.wait({self._handler_task}, timeout=grace if stopped_before else 0.5)
-            if not done and stopped_before:
-                self.unresponsive = True
-                log.error(
-                    "task %s (%s): the handler ignored its cancellation (%s) for %.0f s; ending the "
-                    "attempt without it",
-                    self.task_id, self.spec.task_type, self.stop_reason, grace,
-                )
-                return
+        done, _ = await asyncio.wait({self._handler_task}, timeout=grace)
+        if not done:
+            self.unresponsive = True
+            log.error(
+                "task %s (%s): the handler ignored its cancellation (%s) for %.0f s; ending the "
+                "attempt without it",
+                self.task_id, self.spec.task_type, self.stop_reason, grace,
+            )
 
     async def _heartbeat(self) -> None:
         """Renew the lease every lease/3 and read cancel intent, until the terminal write is done.
