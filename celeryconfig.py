@@ -35,6 +35,8 @@ TRANSPORT_ALIASES["dtask-no-broker"] = "celeryconfig:NoBrokerTransport"
 
 broker_url = _s.broker_url or "dtask-no-broker://"
 broker_connection_retry_on_startup = True
+# RabbitMQ (amqp://) or Redis (redis://): the settings below say where they differ.
+_RABBITMQ = broker_url.split("://", 1)[0] in ("amqp", "amqps", "pyamqp")
 
 # JSON only: a message is a task id, nothing a pickle could smuggle in.
 task_serializer = "json"
@@ -54,10 +56,19 @@ result_expires = None
 # Each queue has its own direct exchange and routing key. Bare Queue(name) objects are both bound to
 # the default exchange under the default key, so any message published by exchange and key (rather
 # than by queue name) was copied into both queues.
+# On RabbitMQ the queues are quorum queues: replicated, and they survive a broker node's loss (a
+# lost message would only delay a task: the publisher re-sends it). Celery detects them and turns
+# global QoS off. Queues made on the fly for TaskSpec.queue get the same type.
+_QUEUE_ARGS = {"x-queue-type": "quorum"} if _RABBITMQ else None
 task_queues = (
-    Queue(DURABLE_QUEUE, Exchange(DURABLE_QUEUE, type="direct"), routing_key=DURABLE_QUEUE),
-    Queue(DUTIES_QUEUE, Exchange(DUTIES_QUEUE, type="direct"), routing_key=DUTIES_QUEUE),
+    Queue(DURABLE_QUEUE, Exchange(DURABLE_QUEUE, type="direct"), routing_key=DURABLE_QUEUE,
+          queue_arguments=_QUEUE_ARGS),
+    Queue(DUTIES_QUEUE, Exchange(DUTIES_QUEUE, type="direct"), routing_key=DUTIES_QUEUE,
+          queue_arguments=_QUEUE_ARGS),
 )
+if _RABBITMQ:
+    task_create_missing_queue_type = "quorum"
+    task_create_missing_queue_exchange_type = "direct"
 task_default_queue = DURABLE_QUEUE
 task_routes = {
     "dtask.run": {"queue": DURABLE_QUEUE},
@@ -74,20 +85,28 @@ task_acks_late = False
 task_reject_on_worker_lost = False
 worker_prefetch_multiplier = 1
 worker_disable_prefetch = True
-# No ack emulation on Redis: a message is gone from the list once a worker pops it, and the
-# acknowledgement costs no Redis round trip. Emulation would keep a copy in an "unacked" hash to
-# restore after visibility_timeout, which early acknowledgement makes pointless (the publisher
-# re-sends a pending task whose message was lost), and its restore-on-reconnect path crashed workers
-# during a Redis restart (kombu: 'NoneType' object has no attribute 'hostname'; found by the fault
-# campaign). visibility_timeout then never applies; it stays above the longest task for anyone who
-# turns emulation and late acks back on. Socket timeouts: a paused Redis fails a publish in seconds
-# instead of hanging its thread forever (workers' BRPOP polls every second, well inside them).
-broker_transport_options = {
-    "ack_emulation": False,
-    "visibility_timeout": int(_s.max_timeout_seconds) + 3600,
-    "socket_timeout": 5,
-    "socket_connect_timeout": 2,
-}
+if _RABBITMQ:
+    # A publish counts only once the broker confirmed it (else the task stays pending and the
+    # publisher re-sends it). RabbitMQ's consumer_timeout can never cut a durable task short: a
+    # message is acknowledged before its task runs, and the lease, not the broker, tells who owns
+    # a task. There is no visibility timeout to set.
+    broker_transport_options = {"confirm_publish": True}
+    broker_connection_timeout = 2
+else:
+    # No ack emulation on Redis: a message is gone from the list once a worker pops it, and the
+    # acknowledgement costs no Redis round trip. Emulation would keep a copy in an "unacked" hash to
+    # restore after visibility_timeout, which early acknowledgement makes pointless (the publisher
+    # re-sends a pending task whose message was lost), and its restore-on-reconnect path crashed workers
+    # during a Redis restart (kombu: 'NoneType' object has no attribute 'hostname'; found by the fault
+    # campaign). visibility_timeout then never applies; it stays above the longest task for anyone who
+    # turns emulation and late acks back on. Socket timeouts: a paused Redis fails a publish in seconds
+    # instead of hanging its thread forever (workers' BRPOP polls every second, well inside them).
+    broker_transport_options = {
+        "ack_emulation": False,
+        "visibility_timeout": int(_s.max_timeout_seconds) + 3600,
+        "socket_timeout": 5,
+        "socket_connect_timeout": 2,
+    }
 
 # No Celery time limits: the durable timeout (task row, enforced by the runtime) is the only one,
 # and it ends the task through its terminal transaction and hooks. A Celery hard limit would kill
