@@ -2,7 +2,7 @@
 so each setting below is chosen to make the transport fast, boring and unable to hurt a task.
 """
 
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from kombu import Exchange, Queue
 from kombu.transport import TRANSPORT_ALIASES
@@ -33,10 +33,56 @@ class NoBrokerTransport(Transport):
 
 TRANSPORT_ALIASES["dtask-no-broker"] = "celeryconfig:NoBrokerTransport"
 
-broker_url = _s.broker_url or "dtask-no-broker://"
+
+def broker_settings(url: str) -> dict[str, Any]:
+    """The settings that depend on the broker: RabbitMQ (amqp://) or Redis (redis://). Also for any
+    other app that talks to our queues (a test's or a benchmark's publisher on another broker)."""
+    rabbitmq = url.split("://", 1)[0] in ("amqp", "amqps", "pyamqp")
+    if rabbitmq:
+        # Quorum queues: replicated, and they survive a broker node's loss (a lost message would
+        # only delay a task: the publisher re-sends it). Celery detects them and turns global QoS
+        # off. Queues made on the fly for TaskSpec.queue get the same type. A publish counts only
+        # once the broker confirmed it (else the task stays pending and the publisher re-sends it).
+        # RabbitMQ's consumer_timeout can never cut a durable task short: a message is
+        # acknowledged before its task runs, and the lease, not the broker, tells who owns a task.
+        queue_args: dict[str, str] | None = {"x-queue-type": "quorum"}
+        extra: dict[str, Any] = {
+            "task_create_missing_queue_type": "quorum",
+            "task_create_missing_queue_exchange_type": "direct",
+            "broker_transport_options": {"confirm_publish": True},
+            "broker_connection_timeout": 2,
+        }
+    else:
+        # No ack emulation on Redis: a message is gone from the list once a worker pops it, and
+        # the acknowledgement costs no Redis round trip. Emulation would keep a copy in an
+        # "unacked" hash to restore after visibility_timeout, which early acknowledgement makes
+        # pointless (the publisher re-sends a pending task whose message was lost), and its
+        # restore-on-reconnect path crashed workers during a Redis restart (kombu: 'NoneType'
+        # object has no attribute 'hostname'; found by the fault campaign). visibility_timeout then
+        # never applies; it stays above the longest task for anyone who turns emulation and late
+        # acks back on. Socket timeouts: a paused Redis fails a publish in seconds instead of
+        # hanging its thread forever (workers' BRPOP polls every second, well inside them).
+        queue_args = None
+        extra = {
+            "broker_transport_options": {
+                "ack_emulation": False,
+                "visibility_timeout": int(_s.max_timeout_seconds) + 3600,
+                "socket_timeout": 5,
+                "socket_connect_timeout": 2,
+            }
+        }
+    # Each queue has its own direct exchange and routing key. Bare Queue(name) objects are both
+    # bound to the default exchange under the default key, so any message published by exchange and
+    # key (rather than by queue name) was copied into both queues.
+    queues = tuple(
+        Queue(name, Exchange(name, type="direct"), routing_key=name, queue_arguments=queue_args)
+        for name in (DURABLE_QUEUE, DUTIES_QUEUE)
+    )
+    return {"broker_url": url, "task_queues": queues, **extra}
+
 broker_connection_retry_on_startup = True
-# RabbitMQ (amqp://) or Redis (redis://): the settings below say where they differ.
-_RABBITMQ = broker_url.split("://", 1)[0] in ("amqp", "amqps", "pyamqp")
+# broker_url, task_queues, broker_transport_options...: see broker_settings() above.
+globals().update(broker_settings(_s.broker_url or "dtask-no-broker://"))
 
 # JSON only: a message is a task id, nothing a pickle could smuggle in.
 task_serializer = "json"
@@ -50,25 +96,9 @@ task_ignore_result = True
 result_backend = None
 result_expires = None
 
-# Two queues: long durable work, and the short duties that recover it. Every worker consumes both,
-# and its concurrency (capacity + 2 by default) leaves children free for duties, so long tasks can
-# never starve the publisher or the reconciler.
-# Each queue has its own direct exchange and routing key. Bare Queue(name) objects are both bound to
-# the default exchange under the default key, so any message published by exchange and key (rather
-# than by queue name) was copied into both queues.
-# On RabbitMQ the queues are quorum queues: replicated, and they survive a broker node's loss (a
-# lost message would only delay a task: the publisher re-sends it). Celery detects them and turns
-# global QoS off. Queues made on the fly for TaskSpec.queue get the same type.
-_QUEUE_ARGS = {"x-queue-type": "quorum"} if _RABBITMQ else None
-task_queues = (
-    Queue(DURABLE_QUEUE, Exchange(DURABLE_QUEUE, type="direct"), routing_key=DURABLE_QUEUE,
-          queue_arguments=_QUEUE_ARGS),
-    Queue(DUTIES_QUEUE, Exchange(DUTIES_QUEUE, type="direct"), routing_key=DUTIES_QUEUE,
-          queue_arguments=_QUEUE_ARGS),
-)
-if _RABBITMQ:
-    task_create_missing_queue_type = "quorum"
-    task_create_missing_queue_exchange_type = "direct"
+# Two queues (task_queues, in broker_settings): long durable work, and the short duties that recover
+# it. Every worker consumes both, and its concurrency (capacity + 2 by default) leaves children free
+# for duties, so long tasks can never starve the publisher or the reconciler.
 task_default_queue = DURABLE_QUEUE
 task_routes = {
     "dtask.run": {"queue": DURABLE_QUEUE},
@@ -85,28 +115,6 @@ task_acks_late = False
 task_reject_on_worker_lost = False
 worker_prefetch_multiplier = 1
 worker_disable_prefetch = True
-if _RABBITMQ:
-    # A publish counts only once the broker confirmed it (else the task stays pending and the
-    # publisher re-sends it). RabbitMQ's consumer_timeout can never cut a durable task short: a
-    # message is acknowledged before its task runs, and the lease, not the broker, tells who owns
-    # a task. There is no visibility timeout to set.
-    broker_transport_options = {"confirm_publish": True}
-    broker_connection_timeout = 2
-else:
-    # No ack emulation on Redis: a message is gone from the list once a worker pops it, and the
-    # acknowledgement costs no Redis round trip. Emulation would keep a copy in an "unacked" hash to
-    # restore after visibility_timeout, which early acknowledgement makes pointless (the publisher
-    # re-sends a pending task whose message was lost), and its restore-on-reconnect path crashed workers
-    # during a Redis restart (kombu: 'NoneType' object has no attribute 'hostname'; found by the fault
-    # campaign). visibility_timeout then never applies; it stays above the longest task for anyone who
-    # turns emulation and late acks back on. Socket timeouts: a paused Redis fails a publish in seconds
-    # instead of hanging its thread forever (workers' BRPOP polls every second, well inside them).
-    broker_transport_options = {
-        "ack_emulation": False,
-        "visibility_timeout": int(_s.max_timeout_seconds) + 3600,
-        "socket_timeout": 5,
-        "socket_connect_timeout": 2,
-    }
 
 # No Celery time limits: the durable timeout (task row, enforced by the runtime) is the only one,
 # and it ends the task through its terminal transaction and hooks. A Celery hard limit would kill

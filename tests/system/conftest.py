@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -113,10 +114,24 @@ class Proc:
         return members
 
 
+@dataclass
+class Broker:
+    """The transport the processes of a test use: the session's Redis DB (default) or a RabbitMQ
+    vhost of this test run's own. Readiness and metrics stay on the session's Redis either way."""
+
+    kind: str
+    url: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"DTASK_BROKER_URL": self.url}
+
+
 class Cluster:
-    def __init__(self, tmp_path: Path, redis_client: redis_sync.Redis) -> None:
+    def __init__(self, tmp_path: Path, redis_client: redis_sync.Redis, broker: Broker | None = None) -> None:
         self.dir = tmp_path
         self.redis = redis_client
+        self.broker = broker
         self.procs: list[Proc] = []
         self._app: Any = None
 
@@ -128,6 +143,8 @@ class Cluster:
         keep = {"DTASK_DATABASE_URL", "DTASK_BROKER_URL", "DTASK_REDIS_URL"}
         env = {k: v for k, v in os.environ.items() if not k.startswith("DTASK_") or k in keep}
         env.update(BASE_ENV)
+        if self.broker is not None:
+            env.update(self.broker.env)
         env.update(overrides)
         # The subprocesses import the code under test from this checkout, whatever is installed.
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -229,9 +246,12 @@ class Cluster:
 
     def _control_app(self) -> Any:
         if self._app is None:
-            from tasks_core.celery_app import app
+            if self.broker is not None and self.broker.kind != "redis":
+                self._app = _app_on(self.broker.url)
+            else:
+                from tasks_core.celery_app import app
 
-            self._app = app
+                self._app = app
         return self._app
 
     async def wait_worker_ready(
@@ -283,18 +303,64 @@ class Cluster:
 
 
 def _app_on(broker: str) -> Any:
+    """A Celery app on ``broker`` declaring our queues as the workers do (quorum on RabbitMQ)."""
     from celery import Celery
 
-    app = Celery("control", broker=broker)
-    app.conf.update(accept_content=["json"], task_serializer="json")
+    import celeryconfig
+
+    app = Celery("control", set_as_current=False)
+    app.config_from_object("celeryconfig")
+    app.conf.update(celeryconfig.broker_settings(broker), beat_schedule={})
     return app
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_url() -> Iterator[str]:
+    """A vhost of this test run's own on the machine's RabbitMQ (created and deleted through
+    rabbitmqctl), so runs never share queues."""
+    if shutil.which("rabbitmqctl") is None:
+        pytest.skip("rabbitmqctl not found: RabbitMQ is not installed here")
+    vhost = f"dtask_test_{uuid.uuid4().hex[:10]}"
+    ctl = ["rabbitmqctl", "--quiet"]
+    subprocess.run([*ctl, "add_vhost", vhost], check=True, capture_output=True, timeout=60)
+    subprocess.run([*ctl, "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"], check=True,
+                   capture_output=True, timeout=60)
+    try:
+        yield f"amqp://guest:guest@127.0.0.1:5672/{vhost}"
+    finally:
+        subprocess.run([*ctl, "delete_vhost", vhost], capture_output=True, timeout=60)
+
+
+@pytest.fixture(params=["redis"])
+def broker(request: pytest.FixtureRequest, broker_url: str) -> Broker:
+    """The session's Redis unless a test parametrizes it (indirect) with "rabbitmq"."""
+    if request.param == "rabbitmq":
+        return Broker("rabbitmq", request.getfixturevalue("rabbitmq_url"))
+    return Broker("redis", broker_url)
+
+
+@pytest.fixture
+async def services(clean_db: None, broker: Broker) -> Any:
+    """The test's own submitter and reader, publishing on the test's broker."""
+    from tasks_core.services import build_services
+    from tasks_core.transport import CeleryTransport
+    from tests.conftest import make_settings
+
+    transport = CeleryTransport(_app_on(broker.url)) if broker.kind != "redis" else None
+    svc = build_services(make_settings(broker_url=broker.url), transport=transport, pool_size=10)
+    yield svc
+    await svc.close()
 
 
 @pytest.fixture
 def cluster(
-    request: pytest.FixtureRequest, clean_db: None, tmp_path: Path, redis_client: redis_sync.Redis
+    request: pytest.FixtureRequest,
+    clean_db: None,
+    tmp_path: Path,
+    redis_client: redis_sync.Redis,
+    broker: Broker,
 ) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, redis_client)
+    c = Cluster(tmp_path, redis_client, broker)
     try:
         yield c
     finally:

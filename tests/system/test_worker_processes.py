@@ -40,9 +40,14 @@ MARGIN = 2.0
 # Nothing listens on port 1 of the loopback: a publish there fails at once with "connection refused".
 CLOSED_BROKER = "redis://127.0.0.1:1/0"
 LONG_SLEEP = {"seconds": 60, "steps": 120}
-# What matters for ownership runs on both: a process per task, and the dense mode (many tasks on
-# one process's event loop).
-POOLS = pytest.mark.parametrize("pool", ["prefork", "threads"])
+# What matters for ownership runs on both pools — a process per task, and the dense mode (many
+# tasks on one process's event loop) — and on both brokers: Redis, and RabbitMQ (a vhost of this
+# run's own).
+POOLS = pytest.mark.parametrize(
+    ("pool", "broker"), [("prefork", "redis"), ("threads", "redis"), ("prefork", "rabbitmq")],
+    indirect=["broker"],
+)
+BROKERS = pytest.mark.parametrize("broker", ["redis", "rabbitmq"], indirect=True)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -135,6 +140,7 @@ def assert_one_attempt(rows: list[dict[str, Any]], *outcomes: str) -> dict[str, 
 # ---------------------------------------------------------------------------- tests
 
 
+@BROKERS
 async def test_failed_first_publish_is_sent_by_the_publisher_once_workers_run(
     cluster: Cluster, services: Any
 ) -> None:
@@ -216,7 +222,6 @@ async def test_sigkilled_worker_task_fails_lease_expired_within_lease_plus_recon
 @POOLS
 async def test_one_task_id_published_five_times_runs_once(cluster: Cluster, services: Any, pool: str) -> None:
     from tasks_core.repository import NewTask
-    from tasks_core.transport import CeleryTransport
 
     worker = cluster.start_worker(concurrency=4, pool=pool)
     await cluster.wait_worker_ready(worker)
@@ -227,7 +232,7 @@ async def test_one_task_id_published_five_times_runs_once(cluster: Cluster, serv
         )
     task_id = inserted.id
 
-    await asyncio.to_thread(CeleryTransport().publish_sync, [str(task_id)] * 5)
+    await asyncio.to_thread(services.transport.publish_sync, [str(task_id)] * 5)
     row = await wait_terminal(services, task_id, within=30)
 
     async def all_handled() -> list[str] | None:
@@ -345,7 +350,6 @@ async def test_sigterm_hands_a_retry_safe_task_back_and_another_worker_finishes_
     """Warm shutdown of a retry-safe task: pending again (attempt kept in the trail), and the id the
     stopping worker relayed on release is run by the next worker, with no beat to republish it."""
     from tasks_core.repository import NewTask
-    from tasks_core.transport import CeleryTransport
 
     extra = {"DTASK_EXTRA_TASK_MODULES": "tests.system.specs"}
     first = cluster.start_worker("worker-a", **extra)
@@ -355,7 +359,7 @@ async def test_sigterm_hands_a_retry_safe_task_back_and_another_worker_finishes_
             conn, NewTask("system.retry_safe_sleep", 1, {"seconds": 3, "steps": 6}, timeout_seconds=60)
         )
     task_id = inserted.id
-    await asyncio.to_thread(CeleryTransport().publish_sync, [str(task_id)])
+    await asyncio.to_thread(services.transport.publish_sync, [str(task_id)])
     await wait_handler_running(services, task_id)
 
     first.send(signal.SIGTERM)
@@ -412,13 +416,12 @@ async def test_a_handler_that_ignores_cancel_ends_unresponsive_and_its_pool_proc
     await cluster.wait_worker_ready(worker)
     before = set(worker.group_members())
     from tasks_core.repository import NewTask
-    from tasks_core.transport import CeleryTransport
 
     async with services.engine.begin() as conn:
         stuck = (
             await services.repo.insert(conn, NewTask("system.swallow_cancel", 1, {}, timeout_seconds=60))
         ).id
-    await asyncio.to_thread(CeleryTransport().publish_sync, [str(stuck)])
+    await asyncio.to_thread(services.transport.publish_sync, [str(stuck)])
 
     async def running() -> bool:
         return (await get(services, stuck))["status"] == "running"
