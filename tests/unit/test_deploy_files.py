@@ -235,3 +235,14 @@ def test_compose_file_is_valid_for_docker_compose(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60, cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_the_rabbitmq_override_moves_every_app_process_to_rabbitmq() -> None:
+    override = yaml.safe_load((DOCKER / "compose.rabbitmq.yaml").read_text())
+    rabbit = override["services"]["rabbitmq"]
+    assert rabbit["healthcheck"]["test"] and not rabbit.get("ports")
+    for name in ("api", "worker", "beat", "flower"):
+        service = override["services"][name]
+        assert service["environment"]["DTASK_BROKER_URL"].startswith("amqp://dtask:${RABBITMQ_PASSWORD:?")
+        assert service["depends_on"]["rabbitmq"]["condition"] == "service_healthy"
+    assert set(override["services"]) - {"rabbitmq"} <= set(services())  # overrides, nothing new
