@@ -1080,23 +1080,9 @@ class TaskRepository:
                 n += 1
         return n
 
-    async def claim_for_publish(
-        self,
-        registry: RunnableSource,
-        *,
-        limit: int,
-        republish_after: float | None,
-        capacity: int | None = None,
-        ahead: int = 0,
-        window: float = 60.0,
-        owner_max_running: int | None = None,
-    ) -> list[uuid.UUID]:
-        """The ids of ``take_due`` (same arguments)."""
-        due = await self.take_due(
-            registry, limit=limit, republish_after=republish_after, capacity=capacity, ahead=ahead,
-            window=window, owner_max_running=owner_max_running,
-        )
-        return [task_id for task_id, _type in due]
+    async def claim_for_publish(self, registry: RunnableSource, **options: Any) -> list[uuid.UUID]:
+        """The ids ``take_due`` (same options) stamped as published."""
+        return [task_id for task_id, _type in await self.take_due(registry, **options)]
 
     async def take_due(
         self,
