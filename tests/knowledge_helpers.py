@@ -96,9 +96,9 @@ async def scalar(svc: Any, sql: str, **params: Any) -> Any:
 
 
 def milvus_client(env: dict[str, str]) -> Any:
-    from pymilvus import MilvusClient
+    from domains.knowledge.vectors import connect
 
-    return MilvusClient(uri=env["DTASK_MILVUS_URI"], timeout=5)
+    return connect(env["DTASK_MILVUS_URI"], timeout=5)
 
 
 def vector_count(client: Any, base_id: str, file_id: str | None = None) -> int:

@@ -12,9 +12,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import urllib3
-from minio import Minio
-from minio.deleteobjects import DeleteObject
-from minio.error import S3Error
 
 from domains.knowledge.errors import ObjectMissing, StoreUnavailable
 
@@ -23,7 +20,10 @@ SERVICE = "the S3 object store"
 _GONE = ("NoSuchKey", "NoSuchBucket", "NoSuchObject")
 
 
-def make_client(endpoint: str, access_key: str, secret_key: str, secure: bool) -> Minio:
+def make_client(endpoint: str, access_key: str, secret_key: str, secure: bool) -> Any:
+    """A ``minio.Minio`` (imported here, in the caller's thread, not at module import)."""
+    from minio import Minio
+
     # Short connect timeout and few retries: an unreachable store must turn into a prompt 503,
     # not a request hanging through urllib3's default back-off.
     http = urllib3.PoolManager(
@@ -34,29 +34,35 @@ def make_client(endpoint: str, access_key: str, secret_key: str, secure: bool) -
     return Minio(endpoint, access_key=access_key, secret_key=secret_key, secure=secure, http_client=http)
 
 
+def _code(exc: BaseException) -> str | None:
+    """The S3 error code of a ``minio.error.S3Error`` (None for anything else)."""
+    from minio.error import S3Error  # already imported by the client that raised it
+
+    return exc.code if isinstance(exc, S3Error) else None
+
+
 def object_key(base_id: str, file_id: str) -> str:
     return f"{base_id}/{file_id}"
 
 
 class ObjectStore:
-    def __init__(self, client: Minio, bucket: str) -> None:
+    def __init__(self, client: Any, bucket: str) -> None:
         self.client = client
         self.bucket = bucket
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         try:
             return await asyncio.to_thread(fn, *args, **kwargs)
-        except S3Error:
-            raise  # the server answered: the caller decides what the code means
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise StoreUnavailable(SERVICE, f"{type(exc).__name__}: {exc}") from exc
+        # An S3Error (the server answered) propagates: the caller decides what its code means.
 
     async def ensure_bucket(self) -> None:
         if not await self._call(self.client.bucket_exists, self.bucket):
             try:
                 await self._call(self.client.make_bucket, self.bucket)
-            except S3Error as exc:
-                if exc.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):  # a racing creator
+            except Exception as exc:
+                if _code(exc) not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):  # a racing creator
                     raise
 
     async def ping(self) -> None:
@@ -78,22 +84,24 @@ class ObjectStore:
 
         try:
             return await self._call(read)
-        except S3Error as exc:
-            if exc.code in _GONE:
+        except Exception as exc:
+            if _code(exc) in _GONE:
                 raise ObjectMissing(key) from exc
             raise
 
     async def delete(self, key: str) -> None:
         try:
             await self._call(self.client.remove_object, self.bucket, key)
-        except S3Error as exc:
-            if exc.code not in _GONE:
+        except Exception as exc:
+            if _code(exc) not in _GONE:
                 raise
 
     async def delete_prefix(self, prefix: str) -> int:
         """Remove every object under ``prefix``; how many there were (0 if the bucket is gone)."""
 
         def remove() -> int:
+            from minio.deleteobjects import DeleteObject
+
             keys = [
                 DeleteObject(o.object_name)
                 for o in self.client.list_objects(self.bucket, prefix=prefix, recursive=True)
@@ -106,7 +114,7 @@ class ObjectStore:
 
         try:
             return await self._call(remove)
-        except S3Error as exc:
-            if exc.code in _GONE:
+        except Exception as exc:
+            if _code(exc) in _GONE:
                 return 0
             raise

@@ -7,6 +7,7 @@ ensured) is built once per process however many tasks ask for it at the same mom
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from dataclasses import dataclass
@@ -79,8 +80,12 @@ class KnowledgeStores:
         c = self.config
 
         async def build() -> storage.ObjectStore:
-            client = storage.make_client(
-                c.minio_endpoint or "", c.minio_access_key or "", c.minio_secret_key or "", c.minio_secure
+            client = await asyncio.to_thread(  # the first import of minio: off the event loop
+                storage.make_client,
+                c.minio_endpoint or "",
+                c.minio_access_key or "",
+                c.minio_secret_key or "",
+                c.minio_secure,
             )
             store = storage.ObjectStore(client, c.bucket)
             await store.ensure_bucket()

@@ -4,6 +4,9 @@ Replacing a file's vectors deletes them by ``file_id`` and then upserts by chunk
 id is ``<file_id>-<seq>``, the same in every attempt): whatever a crashed or overtaken attempt
 left behind is deleted or overwritten, never duplicated. Every call blocks (gRPC), so each runs
 in a thread; a slow Milvus never stalls the event loop and with it the lease heartbeat.
+
+``pymilvus`` (with pandas and numpy) takes most of a second to import, so it is imported in those
+threads on first use, never on the event loop of a task whose lease is already running.
 """
 
 from __future__ import annotations
@@ -12,9 +15,6 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
-
-from pymilvus import DataType, MilvusClient
-from pymilvus.exceptions import MilvusException, ParamError
 
 from domains.knowledge.errors import CollectionMissing, StoreUnavailable
 
@@ -32,56 +32,59 @@ def collection_name(base_id: str) -> str:
     return f"kb_{base_id}"
 
 
-def connect(uri: str, timeout: float = 3.0) -> MilvusClient:
-    """A client for one Milvus server (blocking: the constructor connects)."""
-    return MilvusClient(uri=uri, timeout=timeout)
+# pymilvus pings every 10 s even on an idle channel; servers built on grpc's defaults (milvus-lite)
+# answer an idle client's pings more often than every 5 minutes with GOAWAY "too_many_pings", and
+# the next call fails. Ping only during calls, and rarely: every call has its own timeout anyway.
+GRPC_OPTIONS = {"grpc.keepalive_time_ms": 310_000, "grpc.keepalive_permit_without_calls": 0}
 
 
-def _missing(exc: MilvusException) -> bool:
-    return "not exist" in str(exc.message) or "not found" in str(exc.message).lower()
+def connect(uri: str, timeout: float = 3.0) -> Any:
+    """A MilvusClient for one server (blocking: imports pymilvus, and the constructor connects)."""
+    from pymilvus import MilvusClient
+
+    return MilvusClient(uri=uri, timeout=timeout, grpc_options=GRPC_OPTIONS)
 
 
 async def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run one blocking pymilvus call in a thread, with its failures named for the caller."""
     try:
         return await asyncio.to_thread(fn, *args, **kwargs)
-    except ParamError:
-        raise  # our bug, not the server's state
-    except MilvusException as exc:
-        if _missing(exc):
-            raise CollectionMissing(str(exc.message)) from exc
-        raise StoreUnavailable(SERVICE, str(exc.message)) from exc
+    except Exception as exc:
+        from pymilvus.exceptions import MilvusException, ParamError  # loaded by the failing call
+
+        if isinstance(exc, ParamError) or not isinstance(exc, MilvusException):
+            raise  # our bug, not the server's state
+        message = str(exc.message)
+        if "not exist" in message or "not found" in message.lower():
+            raise CollectionMissing(message) from exc
+        raise StoreUnavailable(SERVICE, message) from exc
 
 
-def _schema(dimension: int) -> Any:
-    schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
+def _create(client: Any, name: str, dimension: int) -> None:
+    from pymilvus import DataType
+
+    schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
     schema.add_field("chunk_id", DataType.VARCHAR, is_primary=True, max_length=128)
     schema.add_field("file_id", DataType.VARCHAR, max_length=64)
     schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dimension)
-    return schema
-
-
-async def ensure_collection(client: MilvusClient, name: str, dimension: int) -> None:
-    """Create (and load) the collection unless it exists; concurrent creators are harmless."""
-    if await call(client.has_collection, name, timeout=CALL_TIMEOUT):
-        return
     index = client.prepare_index_params()
     # Vectors are unit length, so inner product is cosine similarity.
     index.add_index(field_name="vector", index_type="AUTOINDEX", metric_type="IP")
+    client.create_collection(name, schema=schema, index_params=index, timeout=CALL_TIMEOUT)
+
+
+async def ensure_collection(client: Any, name: str, dimension: int) -> None:
+    """Create (and load) the collection unless it exists; concurrent creators are harmless."""
+    if await call(client.has_collection, name, timeout=CALL_TIMEOUT):
+        return
     try:
-        await call(
-            client.create_collection,
-            name,
-            schema=_schema(dimension),
-            index_params=index,
-            timeout=CALL_TIMEOUT,
-        )
+        await call(_create, client, name, dimension)
     except StoreUnavailable:
         if not await call(client.has_collection, name, timeout=CALL_TIMEOUT):
             raise  # not a lost race with another creator
 
 
-async def drop_collection(client: MilvusClient, name: str) -> bool:
+async def drop_collection(client: Any, name: str) -> bool:
     """Drop the collection if it exists; False when it was already gone."""
     if not await call(client.has_collection, name, timeout=CALL_TIMEOUT):
         return False
