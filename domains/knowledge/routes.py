@@ -67,10 +67,11 @@ def _err(description: str, model: type = Message) -> dict[str, Any]:
     return {"model": model, "description": description}
 
 
-AUTH = {401: _err("Missing or invalid API key")}
-UNAVAILABLE = {503: _err("Milvus or the object store is not configured or not reachable (named)")}
-NOT_FOUND = {404: _err("No such base or file (or not yours)")}
-COMMON: dict[int | str, dict[str, Any]] = {**AUTH, **NOT_FOUND, **UNAVAILABLE}
+Responses = dict[int | str, dict[str, Any]]
+AUTH: Responses = {401: _err("Missing or invalid API key")}
+UNAVAILABLE: Responses = {503: _err("Milvus or the object store is not configured or not reachable (named)")}
+NOT_FOUND: Responses = {404: _err("No such base or file (or not yours)")}
+COMMON: Responses = {**AUTH, **NOT_FOUND, **UNAVAILABLE}
 
 
 def _services(request: Request) -> Services:
@@ -268,7 +269,7 @@ async def upload_files(
         # Originals first: a task must never run before its object exists.
         await asyncio.gather(*(put(k, t, d) for k, (_n, t, d) in zip(keys, accepted, strict=True)))
         async with Submitter(svc).transaction(owner=base["owner"]) as tx:
-            rows = []
+            rows: list[dict[str, Any]] = []
             for fid, (name, file_type, data) in zip(ids, accepted, strict=True):
                 submitted = await tx.add(TaskIntent(INGEST, {"file_id": fid}))
                 rows.append(

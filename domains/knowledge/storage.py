@@ -77,7 +77,8 @@ class ObjectStore:
         def read() -> bytes:
             response = self.client.get_object(self.bucket, key)
             try:
-                return response.read()
+                data: bytes = response.read()
+                return data
             finally:
                 response.close()
                 response.release_conn()

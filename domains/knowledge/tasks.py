@@ -2,10 +2,8 @@
 
 from tasks_core.registry import TaskSpec
 
-_HOOKS = {
-    "on_success": "domains.knowledge.hooks:on_success",
-    "on_failure": "domains.knowledge.hooks:on_failure",
-}
+ON_SUCCESS = "domains.knowledge.hooks:on_success"
+ON_FAILURE = "domains.knowledge.hooks:on_failure"
 
 INGEST = "knowledge.ingest"
 REINDEX = "knowledge.reindex"
@@ -13,7 +11,19 @@ REINDEX = "knowledge.reindex"
 SPECS = (
     # Parse and index one uploaded file. Not retry-safe by declaration: a file whose worker died
     # ends error_indexing and the user reindexes it (its effects are idempotent, so that is safe).
-    TaskSpec(INGEST, "domains.knowledge.handlers:ingest", timeout_seconds=3600, **_HOOKS),
+    TaskSpec(
+        INGEST,
+        "domains.knowledge.handlers:ingest",
+        timeout_seconds=3600,
+        on_success=ON_SUCCESS,
+        on_failure=ON_FAILURE,
+    ),
     # One file again ({"file_id"}), or every pending/errored file of a base ({"base_id"}).
-    TaskSpec(REINDEX, "domains.knowledge.handlers:reindex", timeout_seconds=6 * 3600, **_HOOKS),
+    TaskSpec(
+        REINDEX,
+        "domains.knowledge.handlers:reindex",
+        timeout_seconds=6 * 3600,
+        on_success=ON_SUCCESS,
+        on_failure=ON_FAILURE,
+    ),
 )
