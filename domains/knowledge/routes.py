@@ -51,7 +51,7 @@ from domains.knowledge.stores import KnowledgeStores, milvus_fact, object_store_
 from domains.knowledge.tasks import INGEST, REINDEX
 from tasks_core.services import Services
 from tasks_core.settings import Settings
-from tasks_core.submission import Submitter, TaskIntent
+from tasks_core.submission import InvalidTask, Submitter, TaskIntent
 
 PREFIX = "/knowledge"
 # Uploads go to /knowledge/bases/{id}/files: Guard's larger body limit applies under this prefix.
@@ -72,6 +72,7 @@ AUTH: Responses = {401: _err("Missing or invalid API key")}
 UNAVAILABLE: Responses = {503: _err("Milvus or the object store is not configured or not reachable (named)")}
 NOT_FOUND: Responses = {404: _err("No such base or file (or not yours)")}
 COMMON: Responses = {**AUTH, **NOT_FOUND, **UNAVAILABLE}
+QUOTA: Responses = {429: _err("You already have DTASK_OWNER_MAX_PENDING pending tasks")}
 
 
 def _services(request: Request) -> Services:
@@ -111,6 +112,13 @@ async def _base(svc: Services, base_id: str, caller: Principal) -> dict[str, Any
 def _invalid(field: str, message: str, where: str = "body") -> HTTPException:
     # FastAPI's own validation-error shape, so clients handle one format.
     return HTTPException(422, [{"loc": [where, field], "msg": message, "type": "value_error"}])
+
+
+def _refused(exc: InvalidTask) -> HTTPException:
+    """A refused submission: 429 over the owner's pending quota, else 422 (nothing was stored)."""
+    if exc.status == 422:
+        return _invalid(exc.field, exc.message)
+    return HTTPException(exc.status, exc.message)
 
 
 def _base_view(row: dict[str, Any], counts: dict[str, int] | None = None) -> dict[str, Any]:
@@ -218,6 +226,7 @@ async def delete_base(base_id: BaseId, caller: Caller, svc: Svc, stores: Stores)
         **COMMON,
         413: _err("A file, or the whole request, is over its size limit"),
         415: _err("A file is not txt, md, html or pdf"),
+        **QUOTA,
     },
 )
 async def upload_files(
@@ -283,8 +292,10 @@ async def upload_files(
                     }
                 )
             await catalog.insert_files(tx.conn, rows)
-    except BaseException:
+    except BaseException as exc:
         await _forget_objects(objects, keys)
+        if isinstance(exc, InvalidTask):
+            raise _refused(exc) from None
         raise
     published = all(r.published for r in tx.results)
     return {
@@ -349,12 +360,19 @@ async def delete_file(file_id: FileId, caller: Caller, svc: Svc, stores: Stores)
     "/files/{file_id}/reindex",
     status_code=202,
     response_model=FileRef,
-    responses={**COMMON, 409: _err("The file's task is still active", Conflict)},
+    responses={**COMMON, **QUOTA, 409: _err("The file's task is still active", Conflict)},
 )
 async def reindex_file(file_id: FileId, caller: Caller, svc: Svc) -> Any:
     """Parse and index the file again under a new `knowledge.reindex` task."""
     async with svc.engine.connect() as conn:
         owner = _visible(await catalog.get_file(conn, file_id), caller, "file")["owner"]
+    try:
+        return await _reindex_file(svc, file_id, owner)
+    except InvalidTask as exc:
+        raise _refused(exc) from None
+
+
+async def _reindex_file(svc: Services, file_id: str, owner: str) -> Any:
     async with Submitter(svc).transaction(owner=owner) as tx:
         row = await catalog.get_file(tx.conn, file_id, lock=True)
         if row is None:
@@ -380,6 +398,7 @@ class _NothingToDo(Exception):
         **COMMON,
         200: {"model": ReindexOut, "description": "No file needed it"},
         409: _err("A reindex of this base is already active", Conflict),
+        **QUOTA,
     },
 )
 async def reindex_pending(base_id: BaseId, caller: Caller, svc: Svc, response: Response) -> Any:
@@ -398,6 +417,8 @@ async def reindex_pending(base_id: BaseId, caller: Caller, svc: Svc, response: R
     except _NothingToDo:
         response.status_code = 200
         return {"task_id": None, "files": []}
+    except InvalidTask as exc:
+        raise _refused(exc) from None
     return {
         "task_id": submitted.task_id,
         "files": [_ref(r["file_id"], submitted.task_id, "uploaded", r["filename"]) for r in rows if r],

@@ -300,7 +300,7 @@ async def test_routes_answer_503_naming_missing_or_unreachable_stores(
         assert r.status_code == 503
         assert "DTASK_MILVUS_URI" in r.json()["detail"] and "DTASK_MINIO_ENDPOINT" in r.json()["detail"]
         assert (
-            await client.post("/tasks", json={"task_type": "diagnostics.noop"}, headers=ALICE)
+            await client.post("/tasks", json={"task_type": "diagnostics.noop"}, headers=ROOT)
         ).status_code == 202
         facts = (await client.get("/readyz")).json()["facts"]
         assert facts["milvus"]["ok"] and "not configured" in facts["milvus"]["detail"]
@@ -316,3 +316,16 @@ async def test_routes_answer_503_naming_missing_or_unreachable_stores(
         assert r.status_code == 503
         assert r.json()["facts"]["milvus"]["ok"] is False and r.json()["facts"]["object_store"]["ok"] is True
         assert (await client.get("/tasks", headers=ALICE)).status_code == 200
+
+
+async def test_an_upload_over_the_owners_pending_quota_stores_nothing(
+    knowledge_stores: dict[str, str],
+) -> None:
+    async with knowledge_api(owner_max_pending=3) as (client, svc):
+        base = await create_base(client)
+        r = await upload(client, base, [(f"f{i}.txt", b"words") for i in range(5)])
+        assert r.status_code == 429 and "DTASK_OWNER_MAX_PENDING" in r.json()["detail"]
+        assert await scalar(svc, "SELECT count(*) FROM knowledge_files") == 0
+        assert await scalar(svc, "SELECT count(*) FROM tasks") == 0
+        assert object_names(knowledge_stores, f"{base}/") == []  # the originals were taken back
+        assert (await upload(client, base, [(f"f{i}.txt", b"words") for i in range(3)])).status_code == 202
