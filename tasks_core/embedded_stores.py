@@ -304,3 +304,46 @@ class EmbeddedS3:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+# --------------------------------------------------------------------------------------------- dev
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
+
+
+def start_for_dev(
+    milvus_uri: str | None, minio_endpoint: str | None, root: pathlib.Path
+) -> tuple[dict[str, str], list[EmbeddedMilvus | EmbeddedS3], list[str]]:
+    """For `dtask dev`: start whichever knowledge store is not configured.
+
+    Returns the DTASK_* variables to export, the servers to stop, and banner lines. A store that
+    cannot start (its wheel missing) is reported, not fatal: only the knowledge routes need it,
+    and they answer 503 naming it.
+    """
+    env: dict[str, str] = {}
+    started: list[EmbeddedMilvus | EmbeddedS3] = []
+    lines: list[str] = []
+    if milvus_uri:
+        lines.append(f"  Milvus     : {milvus_uri}")
+    else:
+        milvus = EmbeddedMilvus(root / "milvus")
+        try:
+            env["DTASK_MILVUS_URI"] = milvus.start()
+            started.append(milvus)
+            lines.append(f"  Milvus     : {env['DTASK_MILVUS_URI']}  (milvus-lite server)")
+        except EmbeddedServerError as exc:
+            lines.append(f"  Milvus     : not started ({_first_line(exc)}); knowledge routes answer 503")
+    if minio_endpoint:
+        lines.append(f"  S3         : {minio_endpoint}")
+    else:
+        s3 = EmbeddedS3(root / "s3")
+        try:
+            endpoint = s3.start()
+            env.update(endpoint.env())
+            started.append(s3)
+            lines.append(f"  S3         : http://{endpoint.endpoint}  (SeaweedFS; keys in {s3.data_dir})")
+        except EmbeddedServerError as exc:
+            lines.append(f"  S3         : not started ({_first_line(exc)}); knowledge routes answer 503")
+    return env, started, lines
