@@ -9,6 +9,7 @@ Blocking work (S3, parsing, embedding, Milvus) runs in threads between those tra
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -162,8 +163,10 @@ async def index_file(ctx: TaskContext, stores: KnowledgeStores, file_id: str) ->
     try:
         await move(INDEXING, INDEXED, chunk_count=len(texts), error_message=None)
     except FileGone:
-        # Deleted while we indexed: take our vectors back out rather than leave orphans.
-        await index.delete_file(file_id)
+        # Deleted while we indexed: take our vectors back out rather than leave orphans (with the
+        # whole base deleted, its collection is gone already).
+        with contextlib.suppress(CollectionMissing):
+            await index.delete_file(file_id)
         raise
     await ctx.report(None, f"{name}: indexed {len(texts)} chunks")
     return Outcome(file_id, INDEXED, chunks=len(texts))

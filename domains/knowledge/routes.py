@@ -9,6 +9,7 @@ routes answer 503 naming it; the rest of the API is unaffected.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import uuid
 from typing import Annotated, Any
 
@@ -476,6 +477,10 @@ def _fact(check: Any) -> Any:
 
 def install(app: FastAPI) -> None:
     """Mount the routes, answer 503 for unreachable stores, and add the stores to /readyz."""
+    # The clients' libraries take about a second to import (pymilvus brings pandas and numpy).
+    # Loaded with the app, so no readiness check or first request pays for it within its deadline.
+    importlib.import_module("pymilvus")
+    importlib.import_module("minio")
     app.include_router(router)
     app.add_exception_handler(StoreError, _unavailable)
     app.add_exception_handler(StoresNotConfigured, _unavailable)
