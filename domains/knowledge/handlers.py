@@ -122,8 +122,7 @@ async def index_file(ctx: TaskContext, stores: KnowledgeStores, file_id: str) ->
             if not await catalog.advance(conn, file_id, task, token, expect, to, **values):
                 raise FileGone(f"file {file_id} was deleted or taken over")
 
-    # -- parse
-    await ctx.report(None, f"{name}: parsing")
+    # -- parse (the file's own status says where it is; reports are kept to progress)
     objects = await stores.objects()
     try:
         data = await objects.get(object_key(base_id, file_id))
@@ -168,7 +167,6 @@ async def index_file(ctx: TaskContext, stores: KnowledgeStores, file_id: str) ->
         with contextlib.suppress(CollectionMissing):
             await index.delete_file(file_id)
         raise
-    await ctx.report(None, f"{name}: indexed {len(texts)} chunks")
     return Outcome(file_id, INDEXED, chunks=len(texts))
 
 

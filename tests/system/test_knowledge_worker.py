@@ -77,7 +77,10 @@ async def test_400_files_in_one_upload_all_reach_indexed_without_the_periodic_pu
         r = await upload(client, base, files)
         assert r.status_code == 202, r.text
         entries = r.json()["files"]
-        assert len(entries) == BATCH and r.json()["published"] is True
+        assert len(entries) == BATCH
+        # The publish of 400 ids is bounded (DTASK_PUBLISH_TIMEOUT_SECONDS); on a busy machine it can
+        # run past that and the rows are marked for re-sending: the relay (not beat) sends them then.
+        published = r.json()["published"]
 
         # Each file's task that is still waiting says why (newest first: the most likely to wait).
         waiting = 0
@@ -100,7 +103,7 @@ async def test_400_files_in_one_upload_all_reach_indexed_without_the_periodic_pu
         peak = await _max_overlap(svc, task_ids)
         print(
             f"{BATCH} files indexed in {elapsed:.1f} s ({BATCH / elapsed:.1f} files/s), "
-            f"peak running {peak}, {waiting} seen waiting"
+            f"peak running {peak}, {waiting} seen waiting, published at once: {published}"
         )
         assert 1 <= peak <= CAPACITY
         assert vector_count(milvus_client(knowledge_stores), base) == BATCH
