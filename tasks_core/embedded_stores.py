@@ -28,16 +28,18 @@ import time
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
+from urllib.parse import quote, unquote, urlsplit
 
 from tasks_core.embedded import (
     _HOST,
     _PORT_ATTEMPTS,
     EmbeddedServerError,
+    _exit_reason,
     _log_size,
     _log_tail,
-    _port_is_free,
     _terminate,
     free_port,
+    port_is_free,
 )
 
 _MILVUS_START_TIMEOUT = 60.0
@@ -72,11 +74,15 @@ def _spawn(cmd: list[str], log_path: pathlib.Path, cwd: pathlib.Path) -> subproc
 
 
 class EmbeddedMilvus:
-    """``milvus-lite server`` on 127.0.0.1 with its data under ``data_dir/data``."""
+    """``milvus-lite server`` on 127.0.0.1 with its data under ``data_dir/data`` (on ``port``, or a
+    free one)."""
 
-    def __init__(self, data_dir: pathlib.Path) -> None:
+    def __init__(
+        self, data_dir: pathlib.Path, port: int | None = None, *, log_path: pathlib.Path | None = None
+    ) -> None:
         self.data_dir = pathlib.Path(data_dir).absolute()
-        self.log_path = self.data_dir / "milvus.log"
+        self.port = port
+        self.log_path = log_path or self.data_dir / "milvus.log"
         self._proc: subprocess.Popen[bytes] | None = None
         self._uri: str | None = None
 
@@ -93,8 +99,9 @@ class EmbeddedMilvus:
                 "embedded Milvus needs the 'milvus-lite' package (pip install 'durable-tasks[embedded]')"
             )
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        for _ in range(_PORT_ATTEMPTS):
-            port = free_port()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(1 if self.port is not None else _PORT_ATTEMPTS):
+            port = self.port if self.port is not None else free_port()
             cmd = [
                 sys.executable, "-m", "milvus_lite", "server",
                 "--host", _HOST, "--port", str(port), "--data-dir", str(self.data_dir / "data"),
@@ -107,7 +114,7 @@ class EmbeddedMilvus:
                 atexit.register(self.stop)
                 return self._uri
             tail = _log_tail(self.log_path, offset)
-            if "bind" in tail.lower() or not _port_is_free(port):
+            if self.port is None and ("bind" in tail.lower() or not port_is_free(port)):
                 continue  # the port was taken between free_port() and the server's bind
             raise EmbeddedServerError(f"milvus-lite did not start:\n{tail}")
         raise EmbeddedServerError(f"milvus-lite found no free port in {_PORT_ATTEMPTS} attempts")
@@ -127,6 +134,10 @@ class EmbeddedMilvus:
             f"milvus-lite on port {port} was not ready after {_MILVUS_START_TIMEOUT:.0f}s:\n"
             + _log_tail(self.log_path, offset)
         )
+
+    def exit_reason(self) -> str | None:
+        """None while the server runs, else how it ended (for a supervisor)."""
+        return _exit_reason(self._proc)
 
     def stop(self) -> None:
         """Graceful stop (in-flight requests drain, the data directory is closed); safe twice."""
@@ -185,7 +196,7 @@ def _admin_port() -> int:
     """A free port P whose gRPC companion P + 10000 is free too (weed mini opens both)."""
     for _ in range(50):
         port = free_port()
-        if port + _WEED_GRPC_OFFSET <= 65535 and _port_is_free(port + _WEED_GRPC_OFFSET):
+        if port + _WEED_GRPC_OFFSET <= 65535 and port_is_free(port + _WEED_GRPC_OFFSET):
             return port
     raise EmbeddedServerError("no free port pair for the SeaweedFS admin server")
 
@@ -199,9 +210,12 @@ class EmbeddedS3:
     generated on first start and kept with the data.
     """
 
-    def __init__(self, data_dir: pathlib.Path) -> None:
+    def __init__(
+        self, data_dir: pathlib.Path, port: int | None = None, *, log_path: pathlib.Path | None = None
+    ) -> None:
         self.data_dir = pathlib.Path(data_dir).absolute()
-        self.log_path = self.data_dir / "weed.log"
+        self.port = port  # the S3 port (the others are always free ones)
+        self.log_path = log_path or self.data_dir / "weed.log"
         self._config_path = self.data_dir / "s3-identities.json"
         self._proc: subprocess.Popen[bytes] | None = None
         self._endpoint: S3Endpoint | None = None
@@ -215,6 +229,7 @@ class EmbeddedS3:
             return self._endpoint
         exe = _weed_executable()
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         (self.data_dir / "data").mkdir(exist_ok=True)
         access, secret = self._credentials()
         for _ in range(_PORT_ATTEMPTS):
@@ -289,6 +304,9 @@ class EmbeddedS3:
             f"weed mini was not ready after {_S3_START_TIMEOUT:.0f}s:\n" + _log_tail(self.log_path, offset)
         )
 
+    def exit_reason(self) -> str | None:
+        return _exit_reason(self._proc)
+
     def stop(self) -> None:
         atexit.unregister(self.stop)
         self._endpoint = None
@@ -306,44 +324,27 @@ class EmbeddedS3:
         self.stop()
 
 
-# --------------------------------------------------------------------------------------------- dev
+class EmbeddedS3Server:
+    """``EmbeddedS3`` as one URL, ``http://ACCESS:SECRET@127.0.0.1:PORT``, for a supervisor that
+    knows servers by URL (`dtask dev`); ``s3_settings`` turns it back into DTASK_MINIO_*."""
+
+    def __init__(self, s3: EmbeddedS3) -> None:
+        self.s3 = s3
+
+    def start(self) -> str:
+        e = self.s3.start()
+        return f"http://{quote(e.access_key, safe='')}:{quote(e.secret_key, safe='')}@{e.endpoint}"
+
+    def exit_reason(self) -> str | None:
+        return self.s3.exit_reason()
+
+    def stop(self) -> None:
+        self.s3.stop()
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [type(exc).__name__])[0]
-
-
-def start_for_dev(
-    milvus_uri: str | None, minio_endpoint: str | None, root: pathlib.Path
-) -> tuple[dict[str, str], list[EmbeddedMilvus | EmbeddedS3], list[str]]:
-    """For `dtask dev`: start whichever knowledge store is not configured.
-
-    Returns the DTASK_* variables to export, the servers to stop, and banner lines. A store that
-    cannot start (its wheel missing) is reported, not fatal: only the knowledge routes need it,
-    and they answer 503 naming it.
-    """
-    env: dict[str, str] = {}
-    started: list[EmbeddedMilvus | EmbeddedS3] = []
-    lines: list[str] = []
-    if milvus_uri:
-        lines.append(f"  Milvus     : {milvus_uri}")
-    else:
-        milvus = EmbeddedMilvus(root / "milvus")
-        try:
-            env["DTASK_MILVUS_URI"] = milvus.start()
-            started.append(milvus)
-            lines.append(f"  Milvus     : {env['DTASK_MILVUS_URI']}  (milvus-lite server)")
-        except EmbeddedServerError as exc:
-            lines.append(f"  Milvus     : not started ({_first_line(exc)}); knowledge routes answer 503")
-    if minio_endpoint:
-        lines.append(f"  S3         : {minio_endpoint}")
-    else:
-        s3 = EmbeddedS3(root / "s3")
-        try:
-            endpoint = s3.start()
-            env.update(endpoint.env())
-            started.append(s3)
-            lines.append(f"  S3         : http://{endpoint.endpoint}  (SeaweedFS; keys in {s3.data_dir})")
-        except EmbeddedServerError as exc:
-            lines.append(f"  S3         : not started ({_first_line(exc)}); knowledge routes answer 503")
-    return env, started, lines
+def s3_settings(url: str) -> dict[str, str]:
+    """DTASK_MINIO_* for ``http://ACCESS:SECRET@host:port``."""
+    parts = urlsplit(url)
+    endpoint = S3Endpoint(f"{parts.hostname}:{parts.port}", unquote(parts.username or ""),
+                          unquote(parts.password or ""), secure=parts.scheme == "https")
+    return endpoint.env()

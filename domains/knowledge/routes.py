@@ -298,7 +298,9 @@ async def upload_files(
         if isinstance(exc, InvalidTask):
             raise _refused(exc) from None
         raise
-    published = all(r.published for r in tx.results)
+    # Capacity decides how many are sent now; the rest wait for the relay. False only when the
+    # broker could not be reached (the publisher sends them later).
+    published = all(r.publish_error is None for r in tx.results)
     return {
         "files": [_ref(r["file_id"], r["task_id"], "uploaded", r["filename"]) for r in rows],
         "published": published,

@@ -43,7 +43,9 @@ class FileRef(BaseModel):
 
 class UploadOut(BaseModel):
     files: list[FileRef]
-    published: bool = Field(description="False: stored, but the publisher will send the tasks later")
+    published: bool = Field(
+        description="False: stored, but the broker could not be reached; the publisher sends the tasks later"
+    )
 
 
 class FileOut(BaseModel):

@@ -1,7 +1,7 @@
 """knowledge domain: bases, files (the pre-durable table plus task/attempt owner columns), chunks
 
 Revision ID: k0001
-Revises: 0002
+Revises: 0003
 Create Date: 2026-11-30
 """
 
@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "k0001"
-down_revision = "0002"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 
