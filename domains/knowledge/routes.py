@@ -36,12 +36,12 @@ from domains.knowledge.schemas import (
     BaseIn,
     BaseList,
     BaseOut,
-    Conflict,
     FileOut,
     FilePage,
     FileRef,
     FileStatus,
-    Message,
+    KnowledgeConflict,
+    KnowledgeError,
     ReindexOut,
     SearchIn,
     SearchOut,
@@ -64,7 +64,7 @@ PUT_CONCURRENCY = 8
 RETRY_AFTER = {"Retry-After": "5"}
 
 
-def _err(description: str, model: type = Message) -> dict[str, Any]:
+def _err(description: str, model: type = KnowledgeError) -> dict[str, Any]:
     return {"model": model, "description": description}
 
 
@@ -182,6 +182,7 @@ async def create_base(body: BaseIn, caller: Caller, svc: Svc, stores: Stores) ->
 
 @router.get("/bases", response_model=BaseList, responses={**AUTH, **UNAVAILABLE})
 async def list_bases(caller: Caller, svc: Svc) -> Any:
+    """Your bases (every base with an admin key), with their files counted by status."""
     async with svc.engine.connect() as conn:
         rows = await catalog.list_bases(conn, caller.owner_filter())
     return {"items": [_base_view(r) for r in rows]}
@@ -189,6 +190,7 @@ async def list_bases(caller: Caller, svc: Svc) -> Any:
 
 @router.get("/bases/{base_id}", response_model=BaseOut, responses=COMMON)
 async def get_base(base_id: BaseId, caller: Caller, svc: Svc) -> Any:
+    """One base, with its files counted by status."""
     row = await _base(svc, base_id, caller)
     async with svc.engine.connect() as conn:
         return _base_view(row, await catalog.file_counts(conn, base_id))
@@ -337,6 +339,7 @@ async def list_files(
 
 @router.get("/files/{file_id}", response_model=FileOut, responses=COMMON)
 async def get_file(file_id: FileId, caller: Caller, svc: Svc) -> Any:
+    """One file: its status, error_message, chunk_count and the task that owns it."""
     async with svc.engine.connect() as conn:
         return _file_view(_visible(await catalog.get_file(conn, file_id), caller, "file"))
 
@@ -363,7 +366,7 @@ async def delete_file(file_id: FileId, caller: Caller, svc: Svc, stores: Stores)
     "/files/{file_id}/reindex",
     status_code=202,
     response_model=FileRef,
-    responses={**COMMON, **QUOTA, 409: _err("The file's task is still active", Conflict)},
+    responses={**COMMON, **QUOTA, 409: _err("The file's task is still active", KnowledgeConflict)},
 )
 async def reindex_file(file_id: FileId, caller: Caller, svc: Svc) -> Any:
     """Parse and index the file again under a new `knowledge.reindex` task."""
@@ -400,7 +403,7 @@ class _NothingToDo(Exception):
     responses={
         **COMMON,
         200: {"model": ReindexOut, "description": "No file needed it"},
-        409: _err("A reindex of this base is already active", Conflict),
+        409: _err("A reindex of this base is already active", KnowledgeConflict),
         **QUOTA,
     },
 )
