@@ -447,13 +447,15 @@ async def search(base_id: BaseId, body: SearchIn, caller: Caller, svc: Svc, stor
             headers=RETRY_AFTER,
         )
     [vector] = await asyncio.to_thread(embedder.embed, [body.query])
-    index = await stores.index(base_id, base["dimension"])
+    # More than top_k: vectors of files being reindexed or deleted are filtered out below.
+    limit = min(4 * body.top_k, 400)
     try:
-        # More than top_k: vectors of files being reindexed or deleted are filtered out below.
-        hits = await index.search(vector, min(4 * body.top_k, 400))
+        hits = await (await stores.index(base_id, base["dimension"])).search(vector, limit)
     except CollectionMissing:
-        stores.indexes.forget(base_id)  # dropped outside: nothing indexed to find
-        return {"hits": []}
+        # Dropped or released since this process cached it (say Milvus restarted): rebuilt once,
+        # which creates or loads it.
+        stores.indexes.forget(base_id)
+        hits = await (await stores.index(base_id, base["dimension"])).search(vector, limit)
     async with svc.engine.connect() as conn:
         texts = await catalog.indexed_chunks(conn, base_id, [h.chunk_id for h in hits])
     found = [

@@ -55,7 +55,10 @@ async def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         if isinstance(exc, ParamError) or not isinstance(exc, MilvusException):
             raise  # our bug, not the server's state
         message = str(exc.message)
-        if "not exist" in message or "not found" in message.lower():
+        lowered = message.lower()
+        # Gone, or not loaded (a restarted server leaves collections released): either way the
+        # caller drops its cached handle and the rebuild creates or loads the collection.
+        if any(word in lowered for word in ("not exist", "not found", "released", "not loaded")):
             raise CollectionMissing(message) from exc
         raise StoreUnavailable(SERVICE, message) from exc
 
@@ -74,8 +77,10 @@ def _create(client: Any, name: str, dimension: int) -> None:
 
 
 async def ensure_collection(client: Any, name: str, dimension: int) -> None:
-    """Create (and load) the collection unless it exists; concurrent creators are harmless."""
+    """Create the collection unless it exists, and make sure it is loaded (searchable); concurrent
+    creators are harmless."""
     if await call(client.has_collection, name, timeout=CALL_TIMEOUT):
+        await call(client.load_collection, name, timeout=CALL_TIMEOUT)  # a no-op when loaded
         return
     try:
         await call(_create, client, name, dimension)

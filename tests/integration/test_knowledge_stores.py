@@ -120,3 +120,33 @@ async def test_a_failed_build_is_not_cached(knowledge_stores: dict[str, str], wa
     )
     assert all(isinstance(r, StoreUnavailable) for r in results)
     assert stores.indexes.builds == 0
+
+
+@pytest.mark.usefixtures("clean_db")
+async def test_search_and_indexing_go_on_after_milvus_restarts(
+    knowledge_stores: dict[str, str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restarted server leaves collections released; cached handles reload them instead of 503s."""
+    from tasks_core.embedded_stores import EmbeddedMilvus
+    from tests.knowledge_helpers import ALICE, create_base, knowledge_api, run_pending, upload
+
+    milvus = EmbeddedMilvus(tmp_path / "milvus")
+    uri = milvus.start()
+    monkeypatch.setenv("DTASK_MILVUS_URI", uri)  # the in-process worker reads its settings from here
+    try:
+        async with knowledge_api(milvus_uri=uri) as (client, svc):
+            base = await create_base(client)
+            await upload(client, base, [("a.txt", b"lantern harbor signal")])
+            assert await run_pending(svc) == ["success"]
+            milvus.stop()
+            milvus = EmbeddedMilvus(tmp_path / "milvus", int(uri.rsplit(":", 1)[1]))
+            assert milvus.start() == uri
+            r = await client.post(f"/knowledge/bases/{base}/search", json={"query": "harbor"}, headers=ALICE)
+            assert r.status_code == 200 and len(r.json()["hits"]) == 1, r.text
+            # And a worker process that cached the handle indexes into it again.
+            await upload(client, base, [("b.txt", b"meadow copper orchard")])
+            assert await run_pending(svc) == ["success"]
+            r = await client.post(f"/knowledge/bases/{base}/search", json={"query": "orchard"}, headers=ALICE)
+            assert r.json()["hits"][0]["text"] == "meadow copper orchard"
+    finally:
+        milvus.stop()
