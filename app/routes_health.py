@@ -6,7 +6,7 @@ import asyncio
 import hmac
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -76,19 +76,48 @@ async def _recovery(svc: Services) -> str | None:
     return None
 
 
-async def readiness_facts(svc: Services) -> dict[str, dict[str, Any]]:
+# A fact a domain adds to readiness (``app.state.readiness_facts``: name -> check). Unlike the core
+# facts it may be ok and still say something (a store that is not configured).
+ContributedFact = Callable[[Services], Coroutine[Any, Any, tuple[bool, str | None]]]
+
+
+async def _contributed(name: str, check: Coroutine[Any, Any, tuple[bool, str | None]]) -> dict[str, Any]:
+    task = asyncio.ensure_future(check)
+    task.add_done_callback(_consume)
+    done, _ = await asyncio.wait({task}, timeout=FACT_TIMEOUT)
+    if not done:
+        log.warning("readiness: %s gave no answer within %s s", name, FACT_TIMEOUT)
+        return {"ok": False, "detail": f"no answer within {FACT_TIMEOUT} s"}
+    if task.exception() is not None:
+        log.warning("readiness: %s failed", name, exc_info=task.exception())
+        return {"ok": False, "detail": "unreachable or refused (details in the api log)"}
+    ok, detail = task.result()
+    return {"ok": ok, "detail": detail}
+
+
+async def readiness_facts(
+    svc: Services, extra: Mapping[str, ContributedFact] | None = None
+) -> dict[str, dict[str, Any]]:
     """Each fact /readyz judges by, ``{"ok": bool, "detail": str | None}``, within FACT_TIMEOUT."""
-    names = ("postgres", "redis", "readiness")
+    extra = extra or {}
+    names = ("postgres", "redis", "readiness", *extra)
     results = await asyncio.gather(
-        _fact("postgres", _postgres(svc)), _fact("redis", _redis(svc)), _fact("readiness", _recovery(svc))
+        _fact("postgres", _postgres(svc)), _fact("redis", _redis(svc)), _fact("readiness", _recovery(svc)),
+        *(_contributed(name, check(svc)) for name, check in extra.items()),
     )
     return dict(zip(names, results, strict=True))
 
 
+def domain_facts(request: Request) -> Mapping[str, ContributedFact]:
+    facts: Mapping[str, ContributedFact] = getattr(request.app.state, "readiness_facts", {})
+    return facts
+
+
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
 async def readyz(request: Request) -> Any:
-    """Ready only while PostgreSQL and Redis answer and a worker reconciled recently."""
-    facts = await readiness_facts(request.app.state.services)
+    """Ready only while PostgreSQL and Redis answer and a worker reconciled recently (and the
+    stores a domain relies on, when configured, answer)."""
+    facts = await readiness_facts(request.app.state.services, domain_facts(request))
     ready = all(f["ok"] for f in facts.values())
     return JSONResponse({"ready": ready, "facts": facts}, status_code=200 if ready else 503)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import domains.diagnostics.model  # noqa: F401  (registers its tables)
+# Importing a domain's model registers its tables.
+import domains.diagnostics.model
+import domains.knowledge.model  # noqa: F401
 from tasks_core.model import metadata as target_metadata
 
 __all__ = ["target_metadata"]

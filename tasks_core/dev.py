@@ -200,6 +200,32 @@ def _embedded_redis(root: Path, state: DevState) -> EmbeddedServer:
     return EmbeddedRedis(root / "redis", _kept_port(state, "redis"), log_path=root / "logs" / "redis.log")
 
 
+def _embedded_milvus(root: Path, state: DevState) -> EmbeddedServer:
+    from tasks_core.embedded_stores import EmbeddedMilvus
+
+    return EmbeddedMilvus(root / "milvus", _kept_port(state, "milvus"), log_path=root / "logs" / "milvus.log")
+
+
+def _embedded_s3(root: Path, state: DevState) -> EmbeddedServer:
+    from tasks_core.embedded_stores import EmbeddedS3, EmbeddedS3Server
+
+    server = EmbeddedS3(root / "s3", _kept_port(state, "s3"), log_path=root / "logs" / "s3.log")
+    return EmbeddedS3Server(server)
+
+
+def _s3_settings(url: str) -> dict[str, str]:
+    from tasks_core.embedded_stores import s3_settings
+
+    return s3_settings(url)
+
+
+def _url_port_open(url: str) -> bool:
+    parts = urlsplit(url if "://" in url else f"tcp://{url}")
+    with socket.socket() as sock:
+        sock.settimeout(PROBE_TIMEOUT)
+        return sock.connect_ex((parts.hostname or "127.0.0.1", parts.port or 0)) == 0
+
+
 @dataclass(frozen=True)
 class Backing:
     """A server the stack needs: the one a setting names, or an embedded one under the data dir.
@@ -213,6 +239,8 @@ class Backing:
     answers: Callable[[str], bool]
     problem: Callable[[str], str | None]  # why a configured server does not answer
     prepare: Callable[[str], str] = lambda url: url  # the URL to export, from the server's URL
+    # Everything to export for an embedded server (default: ``var`` = ``prepare(url)``).
+    exports: Callable[[str], dict[str, str]] | None = None
 
 
 BACKING = (
@@ -224,6 +252,16 @@ BACKING = (
         "redis", "Redis", "DTASK_BROKER_URL", lambda s: s.broker_url,
         _embedded_redis, _redis_answers,
         lambda url: None if _redis_answers(url) else f"cannot reach the broker at {url}",
+    ),
+    # Knowledge bases. One of your own that does not answer is not fatal: only the /knowledge
+    # routes need it, and they answer 503 naming it.
+    Backing(
+        "milvus", "Milvus", "DTASK_MILVUS_URI", lambda s: s.milvus_uri,
+        _embedded_milvus, _url_port_open, lambda url: None,
+    ),
+    Backing(
+        "s3", "S3", "DTASK_MINIO_ENDPOINT", lambda s: s.minio_endpoint,
+        _embedded_s3, _url_port_open, lambda url: None, exports=_s3_settings,
     ),
 )  # fmt: skip
 
@@ -347,7 +385,10 @@ def _start_servers(sup: Supervisor, stack: Stack) -> None:
         sup.start(child)
         sup.wait_ready([child], READY_TIMEOUT)
         assert child.url is not None
-        stack.urls[backing.var] = backing.prepare(child.url)
+        if backing.exports is not None:
+            stack.urls.update(backing.exports(child.url))
+        else:
+            stack.urls[backing.var] = backing.prepare(child.url)
         port = urlsplit(child.url).port
         if port:
             stack.state.ports[backing.name] = port
@@ -497,6 +538,8 @@ def _banner(stack: Stack, settings: Settings, api_port: int, flower_port: int, *
             "PostgreSQL", _shown(urls["DTASK_DATABASE_URL"]), _origin(stack, "DTASK_DATABASE_URL", "postgres")
         ),
         _row("Redis", _shown(urls["DTASK_BROKER_URL"]), _origin(stack, "DTASK_BROKER_URL", "redis")),
+        _row("Milvus", urls["DTASK_MILVUS_URI"], _origin(stack, "DTASK_MILVUS_URI", "milvus")),
+        _row("S3", urls["DTASK_MINIO_ENDPOINT"], _origin(stack, "DTASK_MINIO_ENDPOINT", "s3")),
         _row("worker", "dtask worker (queues durable, duties)"),
         _row("beat", "dtask beat (publisher, reconciler)"),
         _row("API", f"http://127.0.0.1:{api_port}", "OpenAPI at /docs"),

@@ -25,7 +25,8 @@ class Settings(BaseSettings):
     # Readiness facts live here; defaults to the broker.
     redis_url: str | None = None
 
-    # Milvus server URI (`http://host:19530`) for the knowledge domain.
+    # Milvus server URI (`http://host:19530`) for the knowledge domain; unset: the knowledge routes
+    # answer 503 naming it (`dtask dev` and the tests start `milvus-lite server`).
     milvus_uri: str | None = None
     # S3-compatible object store (`host:9000`) for uploaded files, with its credentials.
     minio_endpoint: str | None = None
@@ -35,6 +36,19 @@ class Settings(BaseSettings):
     minio_secret_key: str | None = None
     # Use HTTPS to reach the object store.
     minio_secure: bool = False
+    # One bucket per deployment for uploaded originals, created on first use.
+    minio_bucket: str = "dtask-knowledge"
+    # Text -> vector: "hashing" (deterministic, local, no model download) or "module:attribute"
+    # naming an Embedder (or a factory returning one). A base records the embedder it was built
+    # with; indexing refuses to mix vector spaces.
+    embedder: str = "hashing"
+    # Largest uploaded file (413 naming the file).
+    max_upload_bytes: int = Field(default=16 * 1024 * 1024, ge=1)
+    # Files per upload request: the batch limit of one submission transaction.
+    max_upload_files: int = Field(default=1000, ge=1, le=1000)
+    # A whole multipart upload body. The api holds a body in memory before parsing it, so this
+    # (not files x per-file size) bounds what one request costs; larger bodies get 413 unread.
+    max_upload_request_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
 
     # Lease: how long an owner may stay silent before another worker may recover its task.
     # Shorter recovers faster after a crash; longer tolerates longer GC/IO stalls and costs fewer

@@ -97,7 +97,8 @@ def redis_client(broker_url: str) -> Iterator[redis_sync.Redis]:
 
 # Every table a test may write; emptied before each test that asks for a clean database.
 TABLES = (
-    "tasks", "task_attempts", "task_slots", "diagnostics_runs", "diagnostics_effects", "idempotency_keys"
+    "tasks", "task_attempts", "task_slots", "diagnostics_runs", "diagnostics_effects", "idempotency_keys",
+    "knowledge_bases", "knowledge_files", "knowledge_chunks",
 )
 
 
@@ -142,3 +143,37 @@ async def services(clean_db: None) -> AsyncIterator[Any]:
     svc = build_services(make_settings(), pool_size=10)
     yield svc
     await svc.close()
+
+
+@pytest.fixture(scope="session")
+def knowledge_stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A real Milvus (milvus-lite server) and a real S3 (SeaweedFS), started once, only for the
+    tests that ask. Their DTASK_* settings are exported, so in-process settings and spawned workers
+    (pass the returned dict to ``cluster.start_worker(**env)``) reach them; stopped at session end."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tasks_core.embedded_stores import EmbeddedMilvus, EmbeddedS3
+
+    root = tmp_path_factory.mktemp("knowledge-stores")
+    milvus, s3 = EmbeddedMilvus(root / "milvus"), EmbeddedS3(root / "s3")
+    with ThreadPoolExecutor(2) as pool:  # both start in about a second; no need to wait twice
+        uri_future, s3_future = pool.submit(milvus.start), pool.submit(s3.start)
+        try:
+            uri, endpoint = uri_future.result(), s3_future.result()
+        except BaseException:
+            milvus.stop()
+            s3.stop()
+            raise
+    env = {"DTASK_MILVUS_URI": uri, **endpoint.env(), "DTASK_MINIO_BUCKET": "dtask-test"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield env
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        milvus.stop()
+        s3.stop()

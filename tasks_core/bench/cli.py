@@ -9,6 +9,7 @@ and prints a short table.
 from __future__ import annotations
 
 import asyncio
+import importlib
 from pathlib import Path
 from types import ModuleType
 from typing import Annotated, Any
@@ -21,7 +22,8 @@ bench_app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     help=(
-        "Benchmarks against the transport and the database: throughput, latency, recovery, scale, soak. "
+        "Benchmarks against the transport and the database: throughput, latency, recovery, scale, soak; "
+        "and the knowledge domain's ingestion (knowledge-ingest). "
         "Each creates its own temporary database and Redis DB index on 127.0.0.1, alternates its "
         "variants round by round, prints a table and writes a JSON result."
     ),
@@ -212,5 +214,31 @@ def density(
 
     _execute(workload, workload.DensityOptions, quick, out, dict(
         sizes=tuple(sizes) if sizes else None, sleep_seconds=sleep_seconds, rounds=rounds,
+        admin_url=admin_url, redis_url=redis_url, redis_db=redis_db, flush_redis=flush_redis or None,
+    ))
+
+
+# A domain's workload, named by module path like the registry's spec modules: tasks_core never
+# imports a domain by name.
+KNOWLEDGE_WORKLOAD = "domains.knowledge.bench"
+
+
+@bench_app.command("knowledge-ingest")
+def knowledge_ingest(
+    files: Annotated[int | None, _opt("files per round (default 200)", 1)] = None,
+    size: Annotated[int | None, _opt("bytes per file (default 4096)", 16)] = None,
+    batch: Annotated[int | None, _opt("files per upload request (default 100)", 1)] = None,
+    concurrency: Concurrency = None,
+    capacity: Capacity = None,
+    quick: Quick = False, rounds: Rounds = None, out: Out = None, admin_url: AdminUrl = None,
+    redis_url: RedisUrl = None, redis_db: RedisDb = None, flush_redis: FlushRedis = False,
+) -> None:
+    """Files/s and p50/p99 upload-to-indexed: multipart uploads to a `dtask api`, indexed by a worker.
+
+    Milvus (milvus-lite) and S3 (SeaweedFS) are started for the run on loopback.
+    """
+    workload = importlib.import_module(KNOWLEDGE_WORKLOAD)
+    _execute(workload, workload.IngestOptions, quick, out, dict(
+        files=files, size=size, batch=batch, concurrency=concurrency, capacity=capacity, rounds=rounds,
         admin_url=admin_url, redis_url=redis_url, redis_db=redis_db, flush_redis=flush_redis or None,
     ))

@@ -1,0 +1,358 @@
+"""The knowledge domain's SQL: bases, files and chunk texts (the runtime's own SQL stays in tasks_core).
+
+Reads return plain dicts. Writes by a task go through the handler's owning transaction and are
+fenced twice: the runtime checks the task's attempt token and lease, and every statement here that
+moves a file on also names the task and attempt that own it, so a late write matches no row.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from domains.knowledge.model import ATTEMPT_BOUND, ERROR_INDEXING, ERROR_PARSING, IN_PROGRESS, UPLOADED
+
+Row = dict[str, Any]
+NOW = "clock_timestamp()"
+_ACTIVE = "('pending', 'running')"
+_IN_PROGRESS = "(" + ", ".join(f"'{s}'" for s in IN_PROGRESS) + ")"
+_BOUND = "(" + ", ".join(f"'{s}'" for s in ATTEMPT_BOUND) + ")"
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+# ------------------------------------------------------------------------------------------------ bases
+
+
+async def insert_base(conn: AsyncConnection, owner: str, name: str, embedder: str, dimension: int) -> Row:
+    row = (
+        (
+            await conn.execute(
+                text(
+                    """INSERT INTO knowledge_bases (id, owner, name, embedder, dimension)
+        VALUES (:id, :owner, :name, :embedder, :dim)
+        ON CONFLICT (owner, name) DO NOTHING RETURNING *"""
+                ),
+                {"id": new_id(), "owner": owner, "name": name, "embedder": embedder, "dim": dimension},
+            )
+        )
+        .mappings()
+        .first()
+    )
+    return dict(row) if row else {}
+
+
+async def get_base(conn: AsyncConnection, base_id: str) -> Row | None:
+    row = (
+        (await conn.execute(text("SELECT * FROM knowledge_bases WHERE id = :id"), {"id": base_id}))
+        .mappings()
+        .first()
+    )
+    return None if row is None else dict(row)
+
+
+async def list_bases(conn: AsyncConnection, owner: str | None) -> list[Row]:
+    rows = (
+        (
+            await conn.execute(
+                text(
+                    """SELECT b.*, coalesce((SELECT jsonb_object_agg(status, n) FROM (
+                SELECT status, count(*) AS n FROM knowledge_files f WHERE f.kb_id = b.id GROUP BY status) s),
+                '{}'::jsonb) AS file_counts
+        FROM knowledge_bases b WHERE CAST(:owner AS text) IS NULL OR b.owner = :owner
+        ORDER BY b.created_at DESC, b.id"""
+                ),
+                {"owner": owner},
+            )
+        )
+        .mappings()
+        .all()
+    )
+    return [dict(r) for r in rows]
+
+
+async def file_counts(conn: AsyncConnection, base_id: str) -> dict[str, int]:
+    rows = (
+        await conn.execute(
+            text("SELECT status, count(*) FROM knowledge_files WHERE kb_id = :id GROUP BY status"),
+            {"id": base_id},
+        )
+    ).all()
+    return {status: int(n) for status, n in rows}
+
+
+async def delete_base(conn: AsyncConnection, base_id: str) -> None:
+    # Files and chunks go with it (ON DELETE CASCADE).
+    await conn.execute(text("DELETE FROM knowledge_bases WHERE id = :id"), {"id": base_id})
+
+
+async def active_tasks_of_base(conn: AsyncConnection, base_id: str) -> list[uuid.UUID]:
+    rows = (
+        await conn.execute(
+            text(
+                f"""SELECT DISTINCT t.id FROM knowledge_files f JOIN tasks t ON t.id = f.task_id
+        WHERE f.kb_id = :id AND t.status IN {_ACTIVE}"""
+            ),
+            {"id": base_id},
+        )
+    ).all()
+    return [r[0] for r in rows]
+
+
+# ------------------------------------------------------------------------------------------------ files
+
+
+async def insert_files(conn: AsyncConnection, rows: Sequence[Row]) -> None:
+    if rows:
+        await conn.execute(
+            text(
+                """INSERT INTO knowledge_files
+                   (file_id, kb_id, filename, file_type, size_bytes, status, task_id)
+            VALUES (:file_id, :kb_id, :filename, :file_type, :size_bytes, 'uploaded', :task_id)"""
+            ),
+            list(rows),
+        )
+
+
+async def get_file(conn: AsyncConnection, file_id: str, *, lock: bool = False) -> Row | None:
+    """The file with its base's owner and embedder, and whether its task is still active."""
+    row = (
+        (
+            await conn.execute(
+                text(
+                    f"""SELECT f.*, b.owner, b.embedder, b.dimension, t.status IN {_ACTIVE} AS task_active
+        FROM knowledge_files f JOIN knowledge_bases b ON b.id = f.kb_id
+        LEFT JOIN tasks t ON t.id = f.task_id WHERE f.file_id = :id"""
+                    + (" FOR UPDATE OF f" if lock else "")
+                ),
+                {"id": file_id},
+            )
+        )
+        .mappings()
+        .first()
+    )
+    return None if row is None else dict(row)
+
+
+def encode_cursor(created_at: datetime, file_id: str) -> str:
+    return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{file_id}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        stamp, _, file_id = raw.partition("|")
+        created = datetime.fromisoformat(stamp)
+        if created.tzinfo is None or not file_id:
+            raise ValueError("incomplete cursor")
+        return created, file_id
+    except (ValueError, UnicodeDecodeError, binascii.Error) as exc:
+        raise ValueError("malformed cursor") from exc
+
+
+async def list_files(
+    conn: AsyncConnection, base_id: str, *, status: str | None, limit: int, cursor: str | None
+) -> tuple[list[Row], str | None]:
+    """Newest first, keyset-paged on (created_at, file_id)."""
+    after = decode_cursor(cursor) if cursor else (None, None)
+    rows = (
+        (
+            await conn.execute(
+                text(
+                    """SELECT * FROM knowledge_files WHERE kb_id = :kb
+          AND (CAST(:status AS text) IS NULL OR status = :status)
+          AND (CAST(:c_at AS timestamptz) IS NULL
+               OR (created_at, file_id) < (CAST(:c_at AS timestamptz), :c_id))
+        ORDER BY created_at DESC, file_id DESC LIMIT :limit"""
+                ),
+                {
+                    "kb": base_id,
+                    "status": status,
+                    "c_at": after[0],
+                    "c_id": after[1] or "",
+                    "limit": limit + 1,
+                },
+            )
+        )
+        .mappings()
+        .all()
+    )
+    items = [dict(r) for r in rows[:limit]]
+    nxt = encode_cursor(items[-1]["created_at"], items[-1]["file_id"]) if len(rows) > limit else None
+    return items, nxt
+
+
+async def delete_file(conn: AsyncConnection, file_id: str) -> None:
+    await conn.execute(text("DELETE FROM knowledge_files WHERE file_id = :id"), {"id": file_id})
+
+
+async def assign(conn: AsyncConnection, file_ids: Sequence[str], task_id: uuid.UUID) -> None:
+    """Hand files to a new task: queued again (``uploaded``), last verdict cleared."""
+    await conn.execute(
+        text(
+            f"""UPDATE knowledge_files SET task_id = :task, attempt_token = NULL, status = '{UPLOADED}',
+               error_message = NULL, updated_at = {NOW}
+        WHERE file_id = ANY(:ids)"""
+        ),
+        {"task": task_id, "ids": list(file_ids)},
+    )
+
+
+async def reindexable(conn: AsyncConnection, base_id: str) -> list[str]:
+    """Files of a base waiting for work no task will do: errored, or uploaded under a finished task."""
+    rows = (
+        await conn.execute(
+            text(
+                f"""SELECT f.file_id FROM knowledge_files f LEFT JOIN tasks t ON t.id = f.task_id
+        WHERE f.kb_id = :kb AND (t.id IS NULL OR t.status NOT IN {_ACTIVE})
+          AND f.status IN ('{ERROR_PARSING}', '{ERROR_INDEXING}', '{UPLOADED}')
+        ORDER BY f.created_at, f.file_id FOR UPDATE OF f"""
+            ),
+            {"kb": base_id},
+        )
+    ).all()
+    return [r[0] for r in rows]
+
+
+# ------------------------------------------------------------------------------------------------ by a task
+
+
+async def owned_uploads(conn: AsyncConnection, task_id: uuid.UUID) -> list[str]:
+    rows = (
+        await conn.execute(
+            text(
+                f"""SELECT file_id FROM knowledge_files WHERE task_id = :task AND status = '{UPLOADED}'
+        ORDER BY created_at, file_id"""
+            ),
+            {"task": task_id},
+        )
+    ).all()
+    return [r[0] for r in rows]
+
+
+async def start(conn: AsyncConnection, file_id: str, task_id: uuid.UUID, token: uuid.UUID) -> Row | None:
+    """``uploaded`` -> ``parsing`` under this attempt; None unless the task owns the file."""
+    row = (
+        (
+            await conn.execute(
+                text(
+                    f"""UPDATE knowledge_files f
+                SET status = 'parsing', attempt_token = :tok, error_message = NULL,
+               updated_at = {NOW}
+        FROM knowledge_bases b
+        WHERE f.file_id = :id AND f.task_id = :task AND f.status = '{UPLOADED}' AND b.id = f.kb_id
+        RETURNING f.*, b.embedder, b.dimension"""
+                ),
+                {"id": file_id, "task": task_id, "tok": token},
+            )
+        )
+        .mappings()
+        .first()
+    )
+    return None if row is None else dict(row)
+
+
+async def advance(
+    conn: AsyncConnection,
+    file_id: str,
+    task_id: uuid.UUID,
+    token: uuid.UUID,
+    expect: str,
+    to: str,
+    **values: Any,
+) -> bool:
+    """Move the file from ``expect`` to ``to`` as its owning attempt; False if that is not us."""
+    sets = "".join(f", {name} = :v_{name}" for name in values)
+    result = await conn.execute(
+        text(
+            f"""UPDATE knowledge_files SET status = :to, updated_at = {NOW}{sets}
+        WHERE file_id = :id AND task_id = :task AND attempt_token = :tok AND status = :expect"""
+        ),
+        {
+            "id": file_id,
+            "task": task_id,
+            "tok": token,
+            "expect": expect,
+            "to": to,
+            **{f"v_{k}": v for k, v in values.items()},
+        },
+    )
+    return bool(result.rowcount)
+
+
+async def fail(
+    conn: AsyncConnection, file_id: str, task_id: uuid.UUID, token: uuid.UUID, state: str, message: str
+) -> bool:
+    result = await conn.execute(
+        text(
+            f"""UPDATE knowledge_files SET status = :state, error_message = :msg, updated_at = {NOW}
+        WHERE file_id = :id AND task_id = :task AND attempt_token = :tok AND status IN {_BOUND}"""
+        ),
+        {"id": file_id, "task": task_id, "tok": token, "state": state, "msg": message[:2000]},
+    )
+    return bool(result.rowcount)
+
+
+async def replace_chunks(
+    conn: AsyncConnection, file_id: str, token: uuid.UUID, chunk_ids: Sequence[str], texts: Sequence[str]
+) -> None:
+    await conn.execute(text("DELETE FROM knowledge_chunks WHERE file_id = :id"), {"id": file_id})
+    if texts:
+        await conn.execute(
+            text(
+                """INSERT INTO knowledge_chunks (chunk_id, file_id, seq, text, attempt_token)
+            VALUES (:chunk_id, :file_id, :seq, :text, :tok)"""
+            ),
+            [
+                {"chunk_id": c, "file_id": file_id, "seq": i, "text": t, "tok": token}
+                for i, (c, t) in enumerate(zip(chunk_ids, texts, strict=True))
+            ],
+        )
+
+
+async def converge(conn: AsyncConnection, task_id: uuid.UUID, reason: str) -> int:
+    """Terminal hook: every file this task still holds in progress takes its error state (I6)."""
+    result = await conn.execute(
+        text(
+            f"""UPDATE knowledge_files SET
+               status = CASE WHEN status IN ('uploaded', 'parsing') THEN '{ERROR_PARSING}'
+                             ELSE '{ERROR_INDEXING}' END,
+               error_message = CASE WHEN status IN ('uploaded', 'parsing') THEN 'not parsed: '
+                                    ELSE 'not indexed: ' END || :reason,
+               updated_at = {NOW}
+        WHERE task_id = :task AND status IN {_IN_PROGRESS}"""
+        ),
+        {"task": task_id, "reason": reason[:1900]},
+    )
+    return int(result.rowcount)
+
+
+# ------------------------------------------------------------------------------------------------ search
+
+
+async def indexed_chunks(conn: AsyncConnection, base_id: str, chunk_ids: Sequence[str]) -> dict[str, Row]:
+    """Texts of these chunks whose file is indexed in this base (stale vectors find nothing here)."""
+    rows = (
+        (
+            await conn.execute(
+                text(
+                    """SELECT c.chunk_id, c.file_id, c.text FROM knowledge_chunks c
+        JOIN knowledge_files f ON f.file_id = c.file_id
+        WHERE c.chunk_id = ANY(:ids) AND f.kb_id = :kb AND f.status = 'indexed'"""
+                ),
+                {"ids": list(chunk_ids), "kb": base_id},
+            )
+        )
+        .mappings()
+        .all()
+    )
+    return {r["chunk_id"]: dict(r) for r in rows}

@@ -1,0 +1,150 @@
+"""`python -m domains.knowledge.cli`: knowledge bases from a shell, through the HTTP API.
+
+    export DTASK_API_URL=http://127.0.0.1:8000 DTASK_API_KEY=<secret>
+    python -m domains.knowledge.cli create-base handbook
+    python -m domains.knowledge.cli upload <base_id> ./docs          # folders are walked
+    python -m domains.knowledge.cli files <base_id> --watch           # until nothing is in progress
+    python -m domains.knowledge.cli search <base_id> "how do I ..."
+
+It is a client of the API like curl (same keys, same owner rules), so it works against any
+deployment the API key reaches.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+
+from domains.knowledge.parsing import file_type_of
+
+cli = typer.Typer(no_args_is_help=True, add_completion=False, help="Knowledge bases over the dtask HTTP API.")
+IN_PROGRESS = {"uploaded", "parsing", "parsed", "indexing"}
+
+Api = Annotated[str, typer.Option(envvar="DTASK_API_URL", help="the API's base URL")]
+Key = Annotated[str, typer.Option(envvar="DTASK_API_KEY", help="an API key's secret")]
+
+
+def _client(api: str, key: str) -> httpx.Client:
+    return httpx.Client(base_url=api, headers={"Authorization": f"Bearer {key}"}, timeout=300)
+
+
+def _ok(response: httpx.Response, *codes: int) -> Any:
+    if response.status_code not in codes:
+        typer.echo(
+            f"{response.request.method} {response.request.url.path}: {response.status_code} "
+            f"{response.text[:500]}",
+            err=True,
+        )
+        raise typer.Exit(1)
+    return response.json() if response.content else None
+
+
+@cli.command("create-base")
+def create_base(name: str, api: Api = "http://127.0.0.1:8000", key: Key = "") -> None:
+    """Create a base; prints its id."""
+    with _client(api, key) as client:
+        typer.echo(_ok(client.post("/knowledge/bases", json={"name": name}), 201)["id"])
+
+
+@cli.command()
+def bases(api: Api = "http://127.0.0.1:8000", key: Key = "") -> None:
+    """Your bases, with their files by status."""
+    with _client(api, key) as client:
+        for base in _ok(client.get("/knowledge/bases"), 200)["items"]:
+            counts = ", ".join(f"{n} {s}" for s, n in sorted(base["file_counts"].items())) or "no files"
+            typer.echo(f"{base['id']}  {base['name']:<24} {counts}")
+
+
+def _documents(paths: list[Path]) -> tuple[list[Path], list[Path]]:
+    """Supported files under the given files and folders, and the ones skipped."""
+    found: list[Path] = []
+    skipped: list[Path] = []
+    for path in paths:
+        for candidate in sorted(path.rglob("*")) if path.is_dir() else [path]:
+            if candidate.is_file():
+                (found if file_type_of(candidate.name) else skipped).append(candidate)
+    return found, skipped
+
+
+@cli.command()
+def upload(
+    base_id: str,
+    paths: Annotated[list[Path], typer.Argument(exists=True, help="files and folders (walked)")],
+    batch: Annotated[int, typer.Option(min=1, max=1000, help="files per request")] = 100,
+    api: Api = "http://127.0.0.1:8000",
+    key: Key = "",
+) -> None:
+    """Upload .txt, .md, .html and .pdf files; each batch is one request (one transaction)."""
+    found, skipped = _documents(paths)
+    for path in skipped:
+        typer.echo(f"skipped (not .txt/.md/.html/.pdf): {path}", err=True)
+    with _client(api, key) as client:
+        for start in range(0, len(found), batch):
+            group = found[start : start + batch]
+            parts = [("files", (p.name, p.read_bytes(), "application/octet-stream")) for p in group]
+            body = _ok(client.post(f"/knowledge/bases/{base_id}/files", files=parts), 202)
+            for entry in body["files"]:
+                typer.echo(f"{entry['id']}  {entry['status']:<9} {entry['filename']}")
+    typer.echo(f"uploaded {len(found)} files", err=True)
+
+
+def _all_files(client: httpx.Client, base_id: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    cursor: str | None = None
+    while True:
+        params: dict[str, Any] = {"limit": 1000, **({"cursor": cursor} if cursor else {})}
+        page = _ok(client.get(f"/knowledge/bases/{base_id}/files", params=params), 200)
+        items += page["items"]
+        cursor = page["next_cursor"]
+        if not cursor:
+            return items
+
+
+@cli.command()
+def files(
+    base_id: str,
+    watch: Annotated[bool, typer.Option("--watch", help="repeat until no file is in progress")] = False,
+    api: Api = "http://127.0.0.1:8000",
+    key: Key = "",
+) -> None:
+    """Files of a base by status (errors with their messages)."""
+    with _client(api, key) as client:
+        while True:
+            items = _all_files(client, base_id)
+            counts = Counter(f["status"] for f in items)
+            typer.echo(", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no files")
+            if not watch or not IN_PROGRESS & set(counts):
+                break
+            time.sleep(1.0)
+        for f in items:
+            if f["error_message"]:
+                typer.echo(f"{f['id']}  {f['status']}  {f['filename']}: {f['error_message']}")
+
+
+@cli.command()
+def search(
+    base_id: str,
+    query: str,
+    top_k: Annotated[int, typer.Option("--top-k", min=1, max=100)] = 5,
+    api: Api = "http://127.0.0.1:8000",
+    key: Key = "",
+) -> None:
+    """The chunks most similar to QUERY."""
+    with _client(api, key) as client:
+        hits = _ok(
+            client.post(f"/knowledge/bases/{base_id}/search", json={"query": query, "top_k": top_k}), 200
+        )
+    for hit in hits["hits"]:
+        snippet = " ".join(hit["text"].split())[:160]
+        typer.echo(f"{hit['score']:.3f}  {hit['file_id']}  {snippet}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    cli()

@@ -1,0 +1,195 @@
+"""knowledge.ingest / knowledge.reindex: parse, chunk, embed and index files as their owning attempt.
+
+A file moves ``uploaded -> parsing -> parsed -> indexing -> indexed`` (or ``error_parsing`` /
+``error_indexing``); each move is one short owning transaction that also names this task and
+attempt, so an attempt that lost its lease, or a file taken over by a newer task, writes nothing.
+Blocking work (S3, parsing, embedding, Milvus) runs in threads between those transactions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from domains.knowledge import catalog
+from domains.knowledge.chunking import chunk_text
+from domains.knowledge.errors import CollectionMissing, ObjectMissing
+from domains.knowledge.model import ERROR_INDEXING, ERROR_PARSING, INDEXED, INDEXING, PARSED, PARSING
+from domains.knowledge.parsing import ParseError, extract_text
+from domains.knowledge.storage import object_key
+from domains.knowledge.stores import KnowledgeStores, stores_for
+from domains.knowledge.vectors import BaseIndex
+from tasks_core.context import TaskContext
+from tasks_core.settings import Settings
+
+log = logging.getLogger(__name__)
+# Chunks embedded (and upserted) per step: progress, cancel checks and bounded thread calls.
+EMBED_BATCH = 32
+
+
+class FileFailed(Exception):
+    """The file ended in an error state (the message is on the file too)."""
+
+
+class FileGone(Exception):
+    """The file was deleted, or a newer task owns it now: this attempt has nothing more to do."""
+
+
+@dataclass
+class Outcome:
+    file_id: str
+    status: str
+    chunks: int = 0
+    error: str | None = None
+
+
+def _stores() -> KnowledgeStores:
+    # Read now, not at import: a worker's settings come from its environment (and .env).
+    return stores_for(Settings())
+
+
+def _text(payload: dict[str, Any], key: str) -> str | None:
+    value = payload.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"payload.{key} must be a non-empty string")
+    return value
+
+
+async def ingest(ctx: TaskContext) -> Any:
+    file_id = _text(ctx.payload, "file_id")
+    if file_id is None:
+        raise ValueError("payload.file_id is required")
+    return await _one(ctx, _stores(), file_id)
+
+
+async def reindex(ctx: TaskContext) -> Any:
+    file_id, base_id = _text(ctx.payload, "file_id"), _text(ctx.payload, "base_id")
+    stores = _stores()
+    if file_id is not None:
+        return await _one(ctx, stores, file_id)
+    if base_id is None:
+        raise ValueError("payload needs file_id or base_id")
+    async with ctx.owning_transaction() as conn:
+        file_ids = await catalog.owned_uploads(conn, ctx.task_id)
+    outcomes: list[Outcome] = []
+    for n, fid in enumerate(file_ids, 1):
+        ctx.raise_if_cancelled()
+        try:
+            outcomes.append(await index_file(ctx, stores, fid))
+        except FileGone as exc:
+            outcomes.append(Outcome(fid, "skipped", error=str(exc)))
+        await ctx.report(100.0 * n / len(file_ids), f"{n} of {len(file_ids)} files")
+    return {
+        "base_id": base_id,
+        "files": len(outcomes),
+        "indexed": sum(o.status == INDEXED for o in outcomes),
+        "errors": {o.file_id: o.error for o in outcomes if o.error},
+    }
+
+
+async def _one(ctx: TaskContext, stores: KnowledgeStores, file_id: str) -> Any:
+    try:
+        outcome = await index_file(ctx, stores, file_id)
+    except FileGone as exc:
+        return {"file_id": file_id, "skipped": str(exc)}
+    if outcome.error:
+        raise FileFailed(f"{outcome.status}: {outcome.error}")
+    return {"file_id": file_id, "status": outcome.status, "chunks": outcome.chunks}
+
+
+async def index_file(ctx: TaskContext, stores: KnowledgeStores, file_id: str) -> Outcome:
+    """One file, start to end, as this attempt. Raises FileGone if the file is not ours (any more)."""
+    task, token = ctx.task_id, ctx.attempt_token
+    async with ctx.owning_transaction() as conn:
+        row = await catalog.start(conn, file_id, task, token)
+    if row is None:
+        raise FileGone(f"file {file_id} was deleted or is owned by another task")
+    base_id, name = row["kb_id"], row["filename"]
+
+    async def fail(state: str, message: str) -> Outcome:
+        async with ctx.owning_transaction() as conn:
+            if not await catalog.fail(conn, file_id, task, token, state, message):
+                raise FileGone(f"file {file_id} was deleted or taken over")
+        return Outcome(file_id, state, error=message)
+
+    async def move(expect: str, to: str, **values: Any) -> None:
+        async with ctx.owning_transaction() as conn:
+            if not await catalog.advance(conn, file_id, task, token, expect, to, **values):
+                raise FileGone(f"file {file_id} was deleted or taken over")
+
+    # -- parse (the file's own status says where it is; reports are kept to progress)
+    objects = await stores.objects()
+    try:
+        data = await objects.get(object_key(base_id, file_id))
+    except ObjectMissing:
+        return await fail(ERROR_PARSING, "the uploaded original is missing from the object store")
+    ctx.raise_if_cancelled()
+    try:
+        texts = await asyncio.to_thread(lambda: chunk_text(extract_text(data, row["file_type"])))
+    except ParseError as exc:
+        return await fail(ERROR_PARSING, str(exc))
+    chunk_ids = [f"{file_id}-{seq}" for seq in range(len(texts))]
+    async with ctx.owning_transaction() as conn:
+        if not await catalog.advance(conn, file_id, task, token, PARSING, PARSED):
+            raise FileGone(f"file {file_id} was deleted or taken over")
+        await catalog.replace_chunks(conn, file_id, token, chunk_ids, texts)
+
+    # -- index
+    embedder = stores.embedder
+    if (embedder.name, embedder.dimension) != (row["embedder"], row["dimension"]):
+        return await fail(
+            ERROR_INDEXING,
+            (
+                f"the base was built with embedder {row['embedder']} ({row['dimension']} dimensions); this "
+                f"worker embeds with {embedder.name} ({embedder.dimension}): set DTASK_EMBEDDER to match"
+            ),
+        )
+    await move(PARSED, INDEXING)
+    ctx.raise_if_cancelled()
+    index = await _index(stores, base_id, row["dimension"])
+    try:
+        await _replace_vectors(ctx, index, embedder, file_id, name, chunk_ids, texts)
+    except CollectionMissing:
+        # Dropped since this process cached the handle (the base was deleted, or by hand): once more.
+        stores.indexes.forget(base_id)
+        index = await _index(stores, base_id, row["dimension"])
+        await _replace_vectors(ctx, index, embedder, file_id, name, chunk_ids, texts)
+    try:
+        await move(INDEXING, INDEXED, chunk_count=len(texts), error_message=None)
+    except FileGone:
+        # Deleted while we indexed: take our vectors back out rather than leave orphans (with the
+        # whole base deleted, its collection is gone already).
+        with contextlib.suppress(CollectionMissing):
+            await index.delete_file(file_id)
+        raise
+    return Outcome(file_id, INDEXED, chunks=len(texts))
+
+
+async def _index(stores: KnowledgeStores, base_id: str, dimension: int) -> BaseIndex:
+    return await stores.index(base_id, dimension)
+
+
+async def _replace_vectors(
+    ctx: TaskContext,
+    index: BaseIndex,
+    embedder: Any,
+    file_id: str,
+    name: str,
+    chunk_ids: list[str],
+    texts: list[str],
+) -> None:
+    # Delete by file, then upsert by chunk id: whatever an earlier attempt left is removed or
+    # overwritten, never duplicated.
+    await index.delete_file(file_id)
+    for start in range(0, len(texts), EMBED_BATCH):
+        ctx.raise_if_cancelled()
+        batch = texts[start : start + EMBED_BATCH]
+        vectors = await asyncio.to_thread(embedder.embed, batch)
+        await index.upsert(file_id, chunk_ids[start : start + EMBED_BATCH], vectors)
+        done = min(start + EMBED_BATCH, len(texts))
+        await ctx.report(100.0 * done / max(1, len(texts)), f"{name}: {done} of {len(texts)} chunks indexed")

@@ -1,0 +1,502 @@
+"""/knowledge: bases, file uploads (each a durable ingest task), reindexing and search.
+
+A key sees only its own bases (an admin key sees all); anything else answers 404. Uploads put
+the originals in the bucket first, then commit every file row with its task in one transaction,
+then publish the ids once. When Milvus or the object store is not configured or not reachable the
+routes answer 503 naming it; the rest of the API is unaffected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import uuid
+from typing import Annotated, Any
+
+from fastapi import (
+    APIRouter,
+    Depends,
+    FastAPI,
+    File,
+    HTTPException,
+    Path,
+    Query,
+    Request,
+    Response,
+    UploadFile,
+)
+from fastapi.responses import JSONResponse
+
+from app.auth import Principal, principal
+from domains.knowledge import catalog, vectors
+from domains.knowledge.errors import CollectionMissing, StoreError, StoresNotConfigured
+from domains.knowledge.parsing import CONTENT_TYPES, file_type_of
+from domains.knowledge.schemas import (
+    ID,
+    BaseIn,
+    BaseList,
+    BaseOut,
+    FileOut,
+    FilePage,
+    FileRef,
+    FileStatus,
+    KnowledgeConflict,
+    KnowledgeError,
+    ReindexOut,
+    SearchIn,
+    SearchOut,
+    UploadOut,
+)
+from domains.knowledge.storage import object_key
+from domains.knowledge.stores import KnowledgeStores, milvus_fact, object_store_fact, stores_for
+from domains.knowledge.tasks import INGEST, REINDEX
+from tasks_core.services import Services
+from tasks_core.settings import Settings
+from tasks_core.submission import InvalidTask, Submitter, TaskIntent
+
+PREFIX = "/knowledge"
+# Uploads go to /knowledge/bases/{id}/files: Guard's larger body limit applies under this prefix.
+UPLOAD_PREFIX = f"{PREFIX}/bases/"
+# Multipart framing around the files: headers, boundaries, field names.
+MULTIPART_OVERHEAD = 64 * 1024
+# Originals put to the bucket at once per upload request.
+PUT_CONCURRENCY = 8
+RETRY_AFTER = {"Retry-After": "5"}
+
+
+def _err(description: str, model: type = KnowledgeError) -> dict[str, Any]:
+    return {"model": model, "description": description}
+
+
+Responses = dict[int | str, dict[str, Any]]
+AUTH: Responses = {401: _err("Missing or invalid API key")}
+UNAVAILABLE: Responses = {503: _err("Milvus or the object store is not configured or not reachable (named)")}
+NOT_FOUND: Responses = {404: _err("No such base or file (or not yours)")}
+COMMON: Responses = {**AUTH, **NOT_FOUND, **UNAVAILABLE}
+QUOTA: Responses = {429: _err("You already have DTASK_OWNER_MAX_PENDING pending tasks")}
+
+
+def _services(request: Request) -> Services:
+    svc: Services = request.app.state.services
+    return svc
+
+
+def _stores(svc: Annotated[Services, Depends(_services)]) -> KnowledgeStores:
+    """Every knowledge route needs both stores configured (a worker will, to index anything)."""
+    try:
+        stores = stores_for(svc.settings)
+    except ValueError as exc:  # DTASK_EMBEDDER names nothing usable
+        raise HTTPException(503, f"DTASK_EMBEDDER: {exc}", headers=RETRY_AFTER) from None
+    stores.require()
+    return stores
+
+
+router = APIRouter(prefix=PREFIX, tags=["knowledge"], dependencies=[Depends(_stores)])
+Caller = Annotated[Principal, Depends(principal)]
+Svc = Annotated[Services, Depends(_services)]
+Stores = Annotated[KnowledgeStores, Depends(_stores)]
+BaseId = Annotated[str, Path(pattern=ID, description="A base id (32 hex digits)")]
+FileId = Annotated[str, Path(pattern=ID, description="A file id (32 hex digits)")]
+
+
+def _visible(row: dict[str, Any] | None, caller: Principal, what: str) -> dict[str, Any]:
+    if row is None or (not caller.admin and row["owner"] != caller.name):
+        raise HTTPException(404, f"no such {what}")  # another owner's object does not exist for you
+    return row
+
+
+async def _base(svc: Services, base_id: str, caller: Principal) -> dict[str, Any]:
+    async with svc.engine.connect() as conn:
+        return _visible(await catalog.get_base(conn, base_id), caller, "base")
+
+
+def _invalid(field: str, message: str, where: str = "body") -> HTTPException:
+    # FastAPI's own validation-error shape, so clients handle one format.
+    return HTTPException(422, [{"loc": [where, field], "msg": message, "type": "value_error"}])
+
+
+def _refused(exc: InvalidTask) -> HTTPException:
+    """A refused submission: 429 over the owner's pending quota, else 422 (nothing was stored)."""
+    if exc.status == 422:
+        return _invalid(exc.field, exc.message)
+    return HTTPException(exc.status, exc.message)
+
+
+def _base_view(row: dict[str, Any], counts: dict[str, int] | None = None) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "name": row["name"],
+        "embedder": row["embedder"],
+        "dimension": row["dimension"],
+        "created_at": row["created_at"],
+        "file_counts": counts if counts is not None else row.get("file_counts") or {},
+    }
+
+
+def _file_view(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": row["file_id"],
+        "base_id": row["kb_id"],
+        "filename": row["filename"],
+        "file_type": row["file_type"],
+        "size_bytes": row["size_bytes"],
+        "status": row["status"],
+        "error_message": row["error_message"],
+        "chunk_count": row["chunk_count"],
+        "task_id": row["task_id"],
+        "created_at": row["created_at"],
+        "updated_at": row["updated_at"],
+    }
+
+
+def _ref(file_id: str, task_id: uuid.UUID | None, status: str, filename: str) -> dict[str, Any]:
+    return {"id": file_id, "task_id": task_id, "status": status, "filename": filename}
+
+
+def _conflict(detail: str, task_id: uuid.UUID | None) -> JSONResponse:
+    return JSONResponse(
+        status_code=409, content={"detail": detail, "task_id": str(task_id) if task_id else None}
+    )
+
+
+# ------------------------------------------------------------------------------------------------ bases
+
+
+@router.post(
+    "/bases",
+    status_code=201,
+    response_model=BaseOut,
+    responses={**AUTH, **UNAVAILABLE, 409: _err("You already have a base of that name")},
+)
+async def create_base(body: BaseIn, caller: Caller, svc: Svc, stores: Stores) -> Any:
+    """A base and its Milvus collection (one per base)."""
+    embedder = stores.embedder
+    async with svc.engine.begin() as conn:
+        row = await catalog.insert_base(conn, caller.name, body.name, embedder.name, embedder.dimension)
+        if not row:
+            raise HTTPException(409, f"you already have a base named {body.name!r}")
+        # Inside the transaction: if Milvus is down the base is not created (503), not half-made.
+        await stores.index(row["id"], embedder.dimension)
+    return _base_view(row, {})
+
+
+@router.get("/bases", response_model=BaseList, responses={**AUTH, **UNAVAILABLE})
+async def list_bases(caller: Caller, svc: Svc) -> Any:
+    """Your bases (every base with an admin key), with their files counted by status."""
+    async with svc.engine.connect() as conn:
+        rows = await catalog.list_bases(conn, caller.owner_filter())
+    return {"items": [_base_view(r) for r in rows]}
+
+
+@router.get("/bases/{base_id}", response_model=BaseOut, responses=COMMON)
+async def get_base(base_id: BaseId, caller: Caller, svc: Svc) -> Any:
+    """One base, with its files counted by status."""
+    row = await _base(svc, base_id, caller)
+    async with svc.engine.connect() as conn:
+        return _base_view(row, await catalog.file_counts(conn, base_id))
+
+
+async def _cancel(svc: Services, task_ids: list[uuid.UUID]) -> None:
+    # Pending tasks end at once (their hook marks the files); running ones stop at their next
+    # control point and find their file gone.
+    for task_id in task_ids:
+        await svc.repo.request_cancel(task_id, svc.registry)
+
+
+@router.delete("/bases/{base_id}", status_code=204, response_class=Response, responses=COMMON)
+async def delete_base(base_id: BaseId, caller: Caller, svc: Svc, stores: Stores) -> Response:
+    """The base, its files and chunks, its collection and its objects. What is already gone is fine."""
+    await _base(svc, base_id, caller)
+    async with svc.engine.connect() as conn:
+        await _cancel(svc, await catalog.active_tasks_of_base(conn, base_id))
+    # Outside stores first: if one is down the base stays (503) and a retry finishes the job.
+    await vectors.drop_collection(await stores.milvus(), vectors.collection_name(base_id))
+    stores.indexes.forget(base_id)
+    await (await stores.objects()).delete_prefix(f"{base_id}/")
+    async with svc.engine.begin() as conn:
+        await catalog.delete_base(conn, base_id)
+    return Response(status_code=204)
+
+
+# ------------------------------------------------------------------------------------------------ files
+
+
+@router.post(
+    "/bases/{base_id}/files",
+    status_code=202,
+    response_model=UploadOut,
+    responses={
+        **COMMON,
+        413: _err("A file, or the whole request, is over its size limit"),
+        415: _err("A file is not txt, md, html or pdf"),
+        **QUOTA,
+    },
+)
+async def upload_files(
+    base_id: BaseId,
+    caller: Caller,
+    svc: Svc,
+    stores: Stores,
+    files: Annotated[list[UploadFile], File(description="One or many documents (.txt .md .html .pdf)")],
+) -> Any:
+    """Store each file and create its `knowledge.ingest` task: all in one transaction, one publish."""
+    base = await _base(svc, base_id, caller)
+    limits: Settings = svc.settings
+    if len(files) > limits.max_upload_files:
+        raise _invalid("files", f"at most {limits.max_upload_files} files per request, got {len(files)}")
+    accepted: list[tuple[str, str, bytes]] = []  # (filename, type, data)
+    unsupported: list[str] = []
+    for upload in files:
+        name = (upload.filename or "").replace("\\", "/").rsplit("/", 1)[-1]
+        if not name or len(name) > 255 or "\x00" in name:
+            raise _invalid("files", "every file needs a name of 1-255 characters")
+        file_type = file_type_of(name)
+        if file_type is None:
+            unsupported.append(name)
+            continue
+        if upload.size is not None and upload.size > limits.max_upload_bytes:
+            raise HTTPException(413, f"{name} is over the {limits.max_upload_bytes}-byte limit per file")
+        data = await upload.read()
+        if len(data) > limits.max_upload_bytes:
+            raise HTTPException(413, f"{name} is over the {limits.max_upload_bytes}-byte limit per file")
+        if not data:
+            raise _invalid("files", f"{name} is empty")
+        accepted.append((name, file_type, data))
+    if unsupported:
+        raise HTTPException(
+            415, "unsupported file type (use .txt, .md, .html or .pdf): " + ", ".join(unsupported[:20])
+        )
+    if not accepted:
+        raise _invalid("files", "no files")
+    ids = [catalog.new_id() for _ in accepted]
+    objects = await stores.objects()
+    keys = [object_key(base_id, fid) for fid in ids]
+    gate = asyncio.Semaphore(PUT_CONCURRENCY)
+
+    async def put(key: str, file_type: str, data: bytes) -> None:
+        async with gate:
+            await objects.put(key, data, CONTENT_TYPES[file_type])
+
+    try:
+        # Originals first: a task must never run before its object exists.
+        await asyncio.gather(*(put(k, t, d) for k, (_n, t, d) in zip(keys, accepted, strict=True)))
+        async with Submitter(svc).transaction(owner=base["owner"]) as tx:
+            rows: list[dict[str, Any]] = []
+            for fid, (name, file_type, data) in zip(ids, accepted, strict=True):
+                submitted = await tx.add(TaskIntent(INGEST, {"file_id": fid}))
+                rows.append(
+                    {
+                        "file_id": fid,
+                        "kb_id": base_id,
+                        "filename": name,
+                        "file_type": file_type,
+                        "size_bytes": len(data),
+                        "task_id": submitted.task_id,
+                    }
+                )
+            await catalog.insert_files(tx.conn, rows)
+    except BaseException as exc:
+        await _forget_objects(objects, keys)
+        if isinstance(exc, InvalidTask):
+            raise _refused(exc) from None
+        raise
+    # Capacity decides how many are sent now; the rest wait for the relay. False only when the
+    # broker could not be reached (the publisher sends them later).
+    published = all(r.publish_error is None for r in tx.results)
+    return {
+        "files": [_ref(r["file_id"], r["task_id"], "uploaded", r["filename"]) for r in rows],
+        "published": published,
+    }
+
+
+async def _forget_objects(objects: Any, keys: list[str]) -> None:
+    """Best effort: nothing references these objects (the transaction did not commit)."""
+    for key in keys:
+        try:
+            await objects.delete(key)
+        except Exception:  # the store may be the very thing that failed
+            break
+
+
+@router.get("/bases/{base_id}/files", response_model=FilePage, responses=COMMON)
+async def list_files(
+    base_id: BaseId,
+    caller: Caller,
+    svc: Svc,
+    status: Annotated[FileStatus | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(max_length=500, pattern=r"^[A-Za-z0-9_-]*$")] = None,
+) -> Any:
+    """Newest first, keyset-paged: pass `next_cursor` back as `cursor`."""
+    await _base(svc, base_id, caller)
+    async with svc.engine.connect() as conn:
+        try:
+            rows, nxt = await catalog.list_files(conn, base_id, status=status, limit=limit, cursor=cursor)
+        except ValueError as exc:
+            raise _invalid("cursor", str(exc), "query") from None
+    return {"items": [_file_view(r) for r in rows], "next_cursor": nxt}
+
+
+@router.get("/files/{file_id}", response_model=FileOut, responses=COMMON)
+async def get_file(file_id: FileId, caller: Caller, svc: Svc) -> Any:
+    """One file: its status, error_message, chunk_count and the task that owns it."""
+    async with svc.engine.connect() as conn:
+        return _file_view(_visible(await catalog.get_file(conn, file_id), caller, "file"))
+
+
+@router.delete("/files/{file_id}", status_code=204, response_class=Response, responses=COMMON)
+async def delete_file(file_id: FileId, caller: Caller, svc: Svc, stores: Stores) -> Response:
+    """The file, its chunks, its vectors and its original. What is already gone is fine."""
+    async with svc.engine.connect() as conn:
+        row = _visible(await catalog.get_file(conn, file_id), caller, "file")
+    if row["task_active"]:
+        await _cancel(svc, [row["task_id"]])
+    index = await stores.index(row["kb_id"], row["dimension"])
+    try:
+        await index.delete_file(file_id)
+    except CollectionMissing:
+        stores.indexes.forget(row["kb_id"])  # no collection, no vectors
+    await (await stores.objects()).delete(object_key(row["kb_id"], file_id))
+    async with svc.engine.begin() as conn:
+        await catalog.delete_file(conn, file_id)
+    return Response(status_code=204)
+
+
+@router.post(
+    "/files/{file_id}/reindex",
+    status_code=202,
+    response_model=FileRef,
+    responses={**COMMON, **QUOTA, 409: _err("The file's task is still active", KnowledgeConflict)},
+)
+async def reindex_file(file_id: FileId, caller: Caller, svc: Svc) -> Any:
+    """Parse and index the file again under a new `knowledge.reindex` task."""
+    async with svc.engine.connect() as conn:
+        owner = _visible(await catalog.get_file(conn, file_id), caller, "file")["owner"]
+    try:
+        return await _reindex_file(svc, file_id, owner)
+    except InvalidTask as exc:
+        raise _refused(exc) from None
+
+
+async def _reindex_file(svc: Services, file_id: str, owner: str) -> Any:
+    async with Submitter(svc).transaction(owner=owner) as tx:
+        row = await catalog.get_file(tx.conn, file_id, lock=True)
+        if row is None:
+            raise HTTPException(404, "no such file")  # deleted meanwhile
+        if row["task_active"]:
+            return _conflict("the file's task is still active; cancel it or wait", row["task_id"])
+        submitted = await tx.add(TaskIntent(REINDEX, {"file_id": file_id}, dedupe_key=f"file:{file_id}"))
+        if submitted.duplicate_of is not None:
+            return _conflict("a reindex of this file is already active", submitted.duplicate_of)
+        await catalog.assign(tx.conn, [file_id], submitted.task_id)
+    return _ref(file_id, submitted.task_id, "uploaded", row["filename"])
+
+
+class _NothingToDo(Exception):
+    pass
+
+
+@router.post(
+    "/bases/{base_id}/reindex-pending",
+    status_code=202,
+    response_model=ReindexOut,
+    responses={
+        **COMMON,
+        200: {"model": ReindexOut, "description": "No file needed it"},
+        409: _err("A reindex of this base is already active", KnowledgeConflict),
+        **QUOTA,
+    },
+)
+async def reindex_pending(base_id: BaseId, caller: Caller, svc: Svc, response: Response) -> Any:
+    """One task for every errored (or stranded uploaded) file of the base; one at a time per base."""
+    base = await _base(svc, base_id, caller)
+    try:
+        async with Submitter(svc).transaction(owner=base["owner"]) as tx:
+            submitted = await tx.add(TaskIntent(REINDEX, {"base_id": base_id}, dedupe_key=f"base:{base_id}"))
+            if submitted.duplicate_of is not None:
+                return _conflict("a reindex of this base is already active", submitted.duplicate_of)
+            file_ids = await catalog.reindexable(tx.conn, base_id)
+            if not file_ids:
+                raise _NothingToDo  # roll the task back: nothing would run
+            await catalog.assign(tx.conn, file_ids, submitted.task_id)
+            rows = [await catalog.get_file(tx.conn, fid) for fid in file_ids]
+    except _NothingToDo:
+        response.status_code = 200
+        return {"task_id": None, "files": []}
+    except InvalidTask as exc:
+        raise _refused(exc) from None
+    return {
+        "task_id": submitted.task_id,
+        "files": [_ref(r["file_id"], submitted.task_id, "uploaded", r["filename"]) for r in rows if r],
+    }
+
+
+# ------------------------------------------------------------------------------------------------ search
+
+
+@router.post("/bases/{base_id}/search", response_model=SearchOut, responses=COMMON)
+async def search(base_id: BaseId, body: SearchIn, caller: Caller, svc: Svc, stores: Stores) -> Any:
+    """The `top_k` chunks most similar to the query, among the base's indexed files."""
+    base = await _base(svc, base_id, caller)
+    embedder = stores.embedder
+    if (embedder.name, embedder.dimension) != (base["embedder"], base["dimension"]):
+        raise HTTPException(
+            503,
+            f"the base was built with {base['embedder']}; this api embeds with "
+            f"{embedder.name}: set DTASK_EMBEDDER to match",
+            headers=RETRY_AFTER,
+        )
+    [vector] = await asyncio.to_thread(embedder.embed, [body.query])
+    # More than top_k: vectors of files being reindexed or deleted are filtered out below.
+    limit = min(4 * body.top_k, 400)
+    try:
+        hits = await (await stores.index(base_id, base["dimension"])).search(vector, limit)
+    except CollectionMissing:
+        # Dropped or released since this process cached it (say Milvus restarted): rebuilt once,
+        # which creates or loads it.
+        stores.indexes.forget(base_id)
+        hits = await (await stores.index(base_id, base["dimension"])).search(vector, limit)
+    async with svc.engine.connect() as conn:
+        texts = await catalog.indexed_chunks(conn, base_id, [h.chunk_id for h in hits])
+    found = [
+        {"chunk_id": h.chunk_id, "file_id": h.file_id, "text": texts[h.chunk_id]["text"], "score": h.score}
+        for h in hits
+        if h.chunk_id in texts
+    ]
+    return {"hits": found[: body.top_k]}
+
+
+# ------------------------------------------------------------------------------------------------ wiring
+
+
+async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+    detail = str(exc) if isinstance(exc, StoreError) else "knowledge stores unavailable"
+    return JSONResponse(status_code=503, content={"detail": detail}, headers=RETRY_AFTER)
+
+
+def _fact(check: Any) -> Any:
+    async def fact(svc: Services) -> tuple[bool, str | None]:
+        result: tuple[bool, str | None] = await check(stores_for(svc.settings))
+        return result
+
+    return fact
+
+
+def install(app: FastAPI) -> None:
+    """Mount the routes, answer 503 for unreachable stores, and add the stores to /readyz."""
+    # The clients' libraries take about a second to import (pymilvus brings pandas and numpy).
+    # Loaded with the app, so no readiness check or first request pays for it within its deadline.
+    importlib.import_module("pymilvus")
+    importlib.import_module("minio")
+    app.include_router(router)
+    app.add_exception_handler(StoreError, _unavailable)
+    app.add_exception_handler(StoresNotConfigured, _unavailable)
+    facts = getattr(app.state, "readiness_facts", None)
+    if facts is None:
+        app.state.readiness_facts = facts = {}
+    facts.update({"milvus": _fact(milvus_fact), "object_store": _fact(object_store_fact)})
+
+
+def path_limits(settings: Settings) -> dict[str, int]:
+    """Guard's body limit for uploads: the whole multipart request, not the per-file limit."""
+    return {UPLOAD_PREFIX: settings.max_upload_request_bytes + MULTIPART_OVERHEAD}

@@ -1,0 +1,155 @@
+"""Chunk vectors in Milvus through ``pymilvus``: one collection per base, keyed by chunk id.
+
+Replacing a file's vectors deletes them by ``file_id`` and then upserts by chunk id (the chunk
+id is ``<file_id>-<seq>``, the same in every attempt): whatever a crashed or overtaken attempt
+left behind is deleted or overwritten, never duplicated. Every call blocks (gRPC), so each runs
+in a thread; a slow Milvus never stalls the event loop and with it the lease heartbeat.
+
+``pymilvus`` (with pandas and numpy) takes most of a second to import, so it is imported in those
+threads on first use, never on the event loop of a task whose lease is already running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from domains.knowledge.errors import CollectionMissing, StoreUnavailable
+
+T = TypeVar("T")
+SERVICE = "Milvus"
+# Seconds per call: bounded so a hung server surfaces as an error, generous for big batches.
+CALL_TIMEOUT = 30.0
+UPSERT_BATCH = 64
+# Search and counts read their own writes: an indexed file is searchable at once.
+CONSISTENCY = "Strong"
+
+
+def collection_name(base_id: str) -> str:
+    # Collection names allow letters, digits and underscores; base ids are hex.
+    return f"kb_{base_id}"
+
+
+# pymilvus pings every 10 s even on an idle channel; servers built on grpc's defaults (milvus-lite)
+# answer an idle client's pings more often than every 5 minutes with GOAWAY "too_many_pings", and
+# the next call fails. Ping only during calls, and rarely: every call has its own timeout anyway.
+GRPC_OPTIONS = {"grpc.keepalive_time_ms": 310_000, "grpc.keepalive_permit_without_calls": 0}
+
+
+def connect(uri: str, timeout: float = 3.0) -> Any:
+    """A MilvusClient for one server (blocking: imports pymilvus, and the constructor connects)."""
+    from pymilvus import MilvusClient
+
+    return MilvusClient(uri=uri, timeout=timeout, grpc_options=GRPC_OPTIONS)
+
+
+async def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run one blocking pymilvus call in a thread, with its failures named for the caller."""
+    try:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    except Exception as exc:
+        from pymilvus.exceptions import MilvusException, ParamError  # loaded by the failing call
+
+        if isinstance(exc, ParamError) or not isinstance(exc, MilvusException):
+            raise  # our bug, not the server's state
+        message = str(exc.message)
+        lowered = message.lower()
+        # Gone, or not loaded (a restarted server leaves collections released): either way the
+        # caller drops its cached handle and the rebuild creates or loads the collection.
+        if any(word in lowered for word in ("not exist", "not found", "released", "not loaded")):
+            raise CollectionMissing(message) from exc
+        raise StoreUnavailable(SERVICE, message) from exc
+
+
+def _create(client: Any, name: str, dimension: int) -> None:
+    from pymilvus import DataType
+
+    schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
+    schema.add_field("chunk_id", DataType.VARCHAR, is_primary=True, max_length=128)
+    schema.add_field("file_id", DataType.VARCHAR, max_length=64)
+    schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dimension)
+    index = client.prepare_index_params()
+    # Vectors are unit length, so inner product is cosine similarity.
+    index.add_index(field_name="vector", index_type="AUTOINDEX", metric_type="IP")
+    client.create_collection(name, schema=schema, index_params=index, timeout=CALL_TIMEOUT)
+
+
+async def ensure_collection(client: Any, name: str, dimension: int) -> None:
+    """Create the collection unless it exists, and make sure it is loaded (searchable); concurrent
+    creators are harmless."""
+    if await call(client.has_collection, name, timeout=CALL_TIMEOUT):
+        await call(client.load_collection, name, timeout=CALL_TIMEOUT)  # a no-op when loaded
+        return
+    try:
+        await call(_create, client, name, dimension)
+    except StoreUnavailable:
+        if not await call(client.has_collection, name, timeout=CALL_TIMEOUT):
+            raise  # not a lost race with another creator
+
+
+async def drop_collection(client: Any, name: str) -> bool:
+    """Drop the collection if it exists; False when it was already gone."""
+    if not await call(client.has_collection, name, timeout=CALL_TIMEOUT):
+        return False
+    await call(client.drop_collection, name, timeout=CALL_TIMEOUT)
+    return True
+
+
+@dataclass(frozen=True)
+class Hit:
+    chunk_id: str
+    file_id: str
+    score: float
+
+
+class BaseIndex:
+    """One base's collection (known to exist when the cache built this handle)."""
+
+    def __init__(self, client: Any, name: str) -> None:
+        self.client = client  # a MilvusClient; tests may wrap it
+        self.name = name
+
+    async def delete_file(self, file_id: str) -> None:
+        await call(self.client.delete, self.name, filter=f'file_id == "{file_id}"', timeout=CALL_TIMEOUT)
+
+    async def upsert(
+        self, file_id: str, chunk_ids: Sequence[str], vectors: Sequence[Sequence[float]]
+    ) -> None:
+        rows = [
+            {"chunk_id": c, "file_id": file_id, "vector": list(v)}
+            for c, v in zip(chunk_ids, vectors, strict=True)
+        ]
+        for start in range(0, len(rows), UPSERT_BATCH):
+            await call(
+                self.client.upsert, self.name, rows[start : start + UPSERT_BATCH], timeout=CALL_TIMEOUT
+            )
+
+    async def search(self, vector: Sequence[float], limit: int) -> list[Hit]:
+        result = await call(
+            self.client.search,
+            self.name,
+            data=[list(vector)],
+            limit=limit,
+            anns_field="vector",
+            output_fields=["file_id"],
+            search_params={"metric_type": "IP"},
+            consistency_level=CONSISTENCY,
+            timeout=CALL_TIMEOUT,
+        )
+        return [
+            Hit(h["chunk_id"] if "chunk_id" in h else h["id"], h["entity"]["file_id"], float(h["distance"]))
+            for h in result[0]
+        ]
+
+    async def count(self, file_id: str | None = None) -> int:
+        rows = await call(
+            self.client.query,
+            self.name,
+            filter=f'file_id == "{file_id}"' if file_id else "",
+            output_fields=["count(*)"],
+            consistency_level=CONSISTENCY,
+            timeout=CALL_TIMEOUT,
+        )
+        return int(rows[0]["count(*)"])

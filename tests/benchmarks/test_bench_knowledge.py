@@ -1,0 +1,49 @@
+"""`dtask bench knowledge-ingest`, tiny (`--quick`), end to end, so it cannot rot; full size under
+`-m benchmark`. It starts its own api, worker, milvus-lite and SeaweedFS on loopback."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.benchmarks.test_bench_smoke import _root
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from tasks_core.embedded import EmbeddedRedis
+
+    server = EmbeddedRedis(tmp_path_factory.mktemp("bench-redis"))
+    url = server.start()
+    try:
+        yield url.rsplit("/", 1)[0]
+    finally:
+        server.stop()
+
+
+@pytest.mark.system
+def test_knowledge_ingest_quick(tmp_path: Path, redis_url: str) -> None:
+    out = tmp_path / "ingest.json"
+    result = CliRunner().invoke(
+        _root(), ["bench", "knowledge-ingest", "--quick", "--out", str(out), "--redis-url", redis_url]
+    )
+    assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+    data = json.loads(out.read_text())
+    assert data["workload"] == "knowledge-ingest" and data["quick"] is True
+    [round_] = data["variants"]["batch-upload"]["rounds"]
+    assert round_["files"] == round_["indexed"] == data["settings"]["files"] and round_["errors"] == 0
+    assert round_["files_per_s"] > 0 and 0 < round_["p50_ms"] <= round_["p99_ms"]
+    assert data["variants"]["batch-upload"]["pooled_upload_to_indexed_ms"]["n"] == data["settings"]["files"]
+    assert data["table"]["rows"] and "api_keys" not in json.dumps(data["settings"]["worker_env"])
+
+
+@pytest.mark.benchmark
+def test_knowledge_ingest_full_size(tmp_path: Path) -> None:
+    out = tmp_path / "ingest.json"
+    result = CliRunner().invoke(_root(), ["bench", "knowledge-ingest", "--out", str(out)])
+    assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+    assert json.loads(out.read_text())["workload"] == "knowledge-ingest"

@@ -1,0 +1,331 @@
+"""/knowledge end to end in one process: the real app, PostgreSQL, Redis, a milvus-lite server and
+SeaweedFS S3 over HTTP; tasks are claimed and run by the real runtime (``run_task``), no worker."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from tests.knowledge_helpers import (
+    ALICE,
+    BOB,
+    ROOT,
+    create_base,
+    file_row,
+    knowledge_api,
+    make_pdf,
+    milvus_client,
+    object_names,
+    run_pending,
+    s3_client,
+    scalar,
+    upload,
+    vector_count,
+)
+
+pytestmark = pytest.mark.usefixtures("clean_db")
+
+WORDS = {
+    "txt": ["quokka", "marsupial", "rottnest", "island", "herbivore", "nocturnal", "smiling", "burrow"],
+    "md": ["zephyr", "glacier", "moraine", "crevasse", "serac", "icefall", "firn", "ablation"],
+    "html": ["basalt", "columnar", "lava", "jointing", "causeway", "hexagonal", "cooling", "fissure"],
+    "pdf": ["lighthouse", "keeper", "fresnel", "lantern", "foghorn", "beacon", "mariner", "shoal"],
+}
+FILLER = ["the", "and", "of", "a", "to", "in", "is", "it", "with", "for"]
+
+
+def sentence(words: list[str], n: int = 40, seed: int = 0) -> str:
+    pool = words + FILLER
+    return " ".join(pool[(i * 5 + seed) % len(pool)] for i in range(n))
+
+
+def documents() -> dict[str, tuple[str, bytes]]:
+    text = "\n\n".join(sentence(WORDS["txt"], seed=s) for s in range(3))
+    md = "# Glaciers\n\n" + "\n\n".join(f"- {sentence(WORDS['md'], seed=s)}" for s in range(3))
+    html = (
+        "<html><head><title>Basalt</title><style>.hidden { color: red }</style>"
+        "<script>var scriptonlyword = 'never indexed';</script></head><body>"
+        + "".join(f"<p>{sentence(WORDS['html'], seed=s)}</p>" for s in range(3))
+        + "<noscript>noscriptonlyword</noscript></body></html>"
+    )
+    pdf = make_pdf([sentence(WORDS["pdf"], n=12, seed=s) for s in range(8)])
+    return {
+        "txt": ("notes.txt", text.encode()),
+        "md": ("guide.md", md.encode()),
+        "html": ("page.html", html.encode()),
+        "pdf": ("manual.pdf", pdf),
+    }
+
+
+async def test_every_format_is_indexed_and_its_words_find_it_first(knowledge_stores: dict[str, str]) -> None:
+    async with knowledge_api() as (client, svc):
+        base = await create_base(client)
+        docs = documents()
+        r = await upload(client, base, list(docs.values()))
+        assert r.status_code == 202, r.text
+        files = r.json()["files"]
+        assert [f["filename"] for f in files] == [name for name, _ in docs.values()]
+        assert all(f["status"] == "uploaded" and f["task_id"] for f in files)
+        by_type = {t: f["id"] for t, f in zip(docs, files, strict=True)}
+
+        assert await run_pending(svc) == ["success"] * 4
+        for file_type, file_id in by_type.items():
+            shown = (await client.get(f"/knowledge/files/{file_id}", headers=ALICE)).json()
+            assert shown["status"] == "indexed", shown
+            assert shown["error_message"] is None and shown["chunk_count"] >= 1
+            assert shown["task_id"] == next(f["task_id"] for f in files if f["id"] == file_id)
+            task = (await client.get(f"/tasks/{shown['task_id']}", headers=ALICE)).json()
+            assert task["status"] == "success" and task["task_type"] == "knowledge.ingest"
+            # Every vector of the file is in Milvus, once.
+            assert vector_count(milvus_client(knowledge_stores), base, file_id) == shown["chunk_count"]
+
+            query = " ".join(WORDS[file_type][:5])
+            r = await client.post(
+                f"/knowledge/bases/{base}/search", json={"query": query, "top_k": 3}, headers=ALICE
+            )
+            assert r.status_code == 200, r.text
+            hits = r.json()["hits"]
+            assert hits and hits[0]["file_id"] == file_id, (file_type, hits)
+            assert WORDS[file_type][0] in hits[0]["text"] and 0 < hits[0]["score"] <= 1.0001
+
+        # Scripts, styles and noscript never became text.
+        async with svc.engine.connect() as conn:
+            from sqlalchemy import text
+
+            html_text = " ".join(
+                (
+                    await conn.execute(
+                        text("SELECT text FROM knowledge_chunks WHERE file_id = :id"), {"id": by_type["html"]}
+                    )
+                ).scalars()
+            )
+        assert "basalt" in html_text and "Basalt" in html_text
+        for hidden in ("scriptonlyword", "color: red", "noscriptonlyword"):
+            assert hidden not in html_text
+        # The base lists its files, counted by status.
+        listed = (await client.get(f"/knowledge/bases/{base}/files", headers=ALICE)).json()
+        assert {f["id"] for f in listed["items"]} == set(by_type.values())
+        shown_base = (await client.get(f"/knowledge/bases/{base}", headers=ALICE)).json()
+        assert shown_base["file_counts"] == {"indexed": 4}
+
+
+async def test_bad_input_is_refused_with_clear_statuses(knowledge_stores: dict[str, str]) -> None:
+    async with knowledge_api(max_upload_bytes=2000, max_upload_request_bytes=50_000) as (client, svc):
+        base = await create_base(client)
+        ok = ("ok.txt", b"fine words here")
+
+        r = await upload(client, base, [ok, ("tool.exe", b"MZ\x90\x00"), ("report.docx", b"PK")])
+        assert (
+            r.status_code == 415 and "tool.exe" in r.json()["detail"] and "report.docx" in r.json()["detail"]
+        )
+        r = await upload(client, base, [ok, ("empty.txt", b"")])
+        assert r.status_code == 422 and "empty.txt is empty" in r.json()["detail"][0]["msg"]
+        r = await upload(client, base, [ok, ("big.txt", b"x" * 2001)])
+        assert r.status_code == 413 and "big.txt" in r.json()["detail"]
+        r = await upload(client, base, [(f"f{i}.txt", b"y" * 1500) for i in range(120)])  # 180 kB body
+        assert r.status_code == 413 and r.json()["detail"] == "request body too large"
+        # Nothing of the refused requests was stored: no rows, no tasks, no objects.
+        assert await scalar(svc, "SELECT count(*) FROM knowledge_files") == 0
+        assert await scalar(svc, "SELECT count(*) FROM tasks") == 0
+        assert object_names(knowledge_stores, f"{base}/") == []
+
+        unknown = uuid.uuid4().hex
+        assert (await upload(client, unknown, [ok])).status_code == 404
+        assert (
+            await client.post(f"/knowledge/bases/{unknown}/search", json={"query": "x"}, headers=ALICE)
+        ).status_code == 404
+        assert (await upload(client, "not-a-base-id", [ok])).status_code == 422
+
+        # Another owner's base does not exist for you; an admin sees it.
+        assert (await upload(client, base, [ok], headers=BOB)).status_code == 404
+        for method, path in (
+            ("GET", f"/knowledge/bases/{base}"),
+            ("GET", f"/knowledge/bases/{base}/files"),
+            ("DELETE", f"/knowledge/bases/{base}"),
+            ("POST", f"/knowledge/bases/{base}/reindex-pending"),
+        ):
+            assert (await client.request(method, path, headers=BOB)).status_code == 404, path
+        assert (await client.get("/knowledge/bases", headers=BOB)).json()["items"] == []
+        assert [b["id"] for b in (await client.get("/knowledge/bases", headers=ROOT)).json()["items"]] == [
+            base
+        ]
+        assert (await client.post("/knowledge/bases", json={"name": "dup"}, headers=ALICE)).status_code == 201
+        assert (await client.post("/knowledge/bases", json={"name": "dup"}, headers=ALICE)).status_code == 409
+        assert (await client.post("/knowledge/bases", json={"name": "dup"}, headers=BOB)).status_code == 201
+
+        # Accepted, but nothing to read: the file ends error_parsing saying why, its task failed.
+        r = await upload(
+            client,
+            base,
+            [
+                ("blank.txt", b"  \n\n \t "),
+                ("latin.txt", b"caf\xe9 au lait"),
+                ("broken.pdf", b"%PDF-1.4\nthis is not a pdf at all"),
+                ("scripts.html", b"<script>only code</script>"),
+            ],
+        )
+        assert r.status_code == 202, r.text
+        assert await run_pending(svc) == ["failed"] * 4
+        expected = {
+            "blank.txt": "no text found",
+            "latin.txt": "not UTF-8",
+            "broken.pdf": "not a readable PDF",
+            "scripts.html": "no text found",
+        }
+        for entry in r.json()["files"]:
+            row = await file_row(svc, entry["id"])
+            assert row["status"] == "error_parsing", row
+            assert expected[row["filename"]] in row["error_message"], row
+            task = await scalar(svc, "SELECT error FROM tasks WHERE id = :id", id=entry["task_id"])
+            assert task["code"] == "handler_error" and expected[row["filename"]] in task["message"]
+
+
+async def test_delete_base_whose_collection_and_objects_are_gone(knowledge_stores: dict[str, str]) -> None:
+    async with knowledge_api() as (client, svc):
+        base = await create_base(client)
+        r = await upload(client, base, [("a.txt", b"alpha beta gamma"), ("b.md", b"# delta\n\nepsilon")])
+        assert await run_pending(svc) == ["success", "success"]
+        milvus, s3 = milvus_client(knowledge_stores), s3_client(knowledge_stores)
+        assert vector_count(milvus, base) == 2 and len(object_names(knowledge_stores, f"{base}/")) == 2
+        # Gone behind our back.
+        milvus.drop_collection(f"kb_{base}")
+        for name in object_names(knowledge_stores, f"{base}/"):
+            s3.remove_object(knowledge_stores["DTASK_MINIO_BUCKET"], name)
+
+        assert (await client.delete(f"/knowledge/bases/{base}", headers=ALICE)).status_code == 204
+        assert not milvus.has_collection(f"kb_{base}")
+        assert object_names(knowledge_stores, f"{base}/") == []
+        for table in ("knowledge_bases", "knowledge_files", "knowledge_chunks"):
+            assert await scalar(svc, f"SELECT count(*) FROM {table}") == 0, table
+        assert (await client.get(f"/knowledge/bases/{base}", headers=ALICE)).status_code == 404
+        assert (await client.delete(f"/knowledge/bases/{base}", headers=ALICE)).status_code == 404
+        assert {f["id"] for f in r.json()["files"]}  # (the files existed)
+
+
+async def test_delete_base_when_the_whole_bucket_is_gone(knowledge_stores: dict[str, str]) -> None:
+    bucket = f"dtask-gone-{uuid.uuid4().hex[:8]}"
+    async with knowledge_api(minio_bucket=bucket) as (client, svc):
+        base = await create_base(client)
+        assert (await upload(client, base, [("a.txt", b"alpha")])).status_code == 202
+        s3 = s3_client(knowledge_stores)
+        for name in object_names(knowledge_stores, "", bucket):
+            s3.remove_object(bucket, name)
+        s3.remove_bucket(bucket)
+        assert (await client.delete(f"/knowledge/bases/{base}", headers=ALICE)).status_code == 204
+        assert not s3.bucket_exists(bucket)
+        assert await scalar(svc, "SELECT count(*) FROM knowledge_files") == 0
+        # The pending ingest task was cancelled with its base.
+        assert await scalar(svc, "SELECT status FROM tasks") == "cancelled"
+
+
+async def test_delete_file_takes_its_vectors_chunks_and_object(knowledge_stores: dict[str, str]) -> None:
+    async with knowledge_api() as (client, svc):
+        base = await create_base(client)
+        r = await upload(client, base, [("keep.txt", b"keep these words"), ("drop.txt", b"drop those words")])
+        keep, drop = (f["id"] for f in r.json()["files"])
+        await run_pending(svc)
+        milvus = milvus_client(knowledge_stores)
+        assert (await client.delete(f"/knowledge/files/{drop}", headers=BOB)).status_code == 404
+        assert (await client.delete(f"/knowledge/files/{drop}", headers=ALICE)).status_code == 204
+        assert vector_count(milvus, base, drop) == 0 and vector_count(milvus, base, keep) == 1
+        assert object_names(knowledge_stores, f"{base}/") == [f"{base}/{keep}"]
+        assert await scalar(svc, "SELECT count(*) FROM knowledge_chunks WHERE file_id = :id", id=drop) == 0
+        assert (await client.get(f"/knowledge/files/{drop}", headers=ALICE)).status_code == 404
+        hits = (
+            await client.post(
+                f"/knowledge/bases/{base}/search", json={"query": "drop those words"}, headers=ALICE
+            )
+        ).json()["hits"]
+        assert {h["file_id"] for h in hits} == {keep}
+
+
+async def test_reindex_file_and_reindex_pending_deduplicated_per_base(
+    knowledge_stores: dict[str, str],
+) -> None:
+    async with knowledge_api() as (client, svc):
+        base = await create_base(client)
+        r = await upload(
+            client, base, [("good.txt", b"solid words"), ("bad1.txt", b"   "), ("bad2.pdf", b"%PDF-x")]
+        )
+        good, bad1, bad2 = (f["id"] for f in r.json()["files"])
+        # While the ingest task is pending, a reindex is refused and names the active task.
+        r409 = await client.post(f"/knowledge/files/{good}/reindex", headers=ALICE)
+        assert r409.status_code == 409 and r409.json()["task_id"] == str(
+            (await file_row(svc, good))["task_id"]
+        )
+        await run_pending(svc)
+        assert [(await file_row(svc, f))["status"] for f in (good, bad1, bad2)] == [
+            "indexed",
+            "error_parsing",
+            "error_parsing",
+        ]
+
+        r = await client.post(f"/knowledge/bases/{base}/reindex-pending", headers=ALICE)
+        assert r.status_code == 202, r.text
+        task_id = r.json()["task_id"]
+        assert {f["id"] for f in r.json()["files"]} == {bad1, bad2}
+        assert all(f["status"] == "uploaded" and f["task_id"] == task_id for f in r.json()["files"])
+        again = await client.post(f"/knowledge/bases/{base}/reindex-pending", headers=ALICE)
+        assert again.status_code == 409 and again.json()["task_id"] == task_id
+        assert await run_pending(svc) == ["success"]
+        result = await scalar(svc, "SELECT result FROM tasks WHERE id = :id", id=task_id)
+        assert result["files"] == 2 and result["indexed"] == 0 and set(result["errors"]) == {bad1, bad2}
+        assert (await file_row(svc, bad1))["status"] == "error_parsing"
+
+        # One file again: a new task, new chunks, the same number of vectors (replaced, not added).
+        milvus = milvus_client(knowledge_stores)
+        before = vector_count(milvus, base, good)
+        r = await client.post(f"/knowledge/files/{good}/reindex", headers=ALICE)
+        assert r.status_code == 202 and r.json()["status"] == "uploaded"
+        assert await run_pending(svc) == ["success"]
+        row = await file_row(svc, good)
+        assert row["status"] == "indexed" and str(row["task_id"]) == r.json()["task_id"]
+        assert vector_count(milvus, base, good) == before == row["chunk_count"]
+
+        # Nothing left to do (the errored files' reindex task is finished, they stay errored).
+        await client.delete(f"/knowledge/files/{bad1}", headers=ALICE)
+        await client.delete(f"/knowledge/files/{bad2}", headers=ALICE)
+        r = await client.post(f"/knowledge/bases/{base}/reindex-pending", headers=ALICE)
+        assert r.status_code == 200 and r.json() == {"task_id": None, "files": []}
+
+
+async def test_routes_answer_503_naming_missing_or_unreachable_stores(
+    knowledge_stores: dict[str, str],
+) -> None:
+    from tasks_core.embedded import free_port
+
+    async with knowledge_api(milvus_uri=None, minio_endpoint=None) as (client, _svc):
+        r = await client.get("/knowledge/bases", headers=ALICE)
+        assert r.status_code == 503
+        assert "DTASK_MILVUS_URI" in r.json()["detail"] and "DTASK_MINIO_ENDPOINT" in r.json()["detail"]
+        assert (
+            await client.post("/tasks", json={"task_type": "diagnostics.noop"}, headers=ROOT)
+        ).status_code == 202
+        facts = (await client.get("/readyz")).json()["facts"]
+        assert facts["milvus"]["ok"] and "not configured" in facts["milvus"]["detail"]
+        assert facts["object_store"]["ok"] and "not configured" in facts["object_store"]["detail"]
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with knowledge_api(milvus_uri=dead) as (client, _svc):
+        r = await client.post("/knowledge/bases", json={"name": "x"}, headers=ALICE)
+        assert r.status_code == 503 and "Milvus is not reachable" in r.json()["detail"], r.text
+        assert r.headers["retry-after"]
+        assert (await client.get("/knowledge/bases", headers=ALICE)).status_code == 200  # PostgreSQL only
+        r = await client.get("/readyz")
+        assert r.status_code == 503
+        assert r.json()["facts"]["milvus"]["ok"] is False and r.json()["facts"]["object_store"]["ok"] is True
+        assert (await client.get("/tasks", headers=ALICE)).status_code == 200
+
+
+async def test_an_upload_over_the_owners_pending_quota_stores_nothing(
+    knowledge_stores: dict[str, str],
+) -> None:
+    async with knowledge_api(owner_max_pending=3) as (client, svc):
+        base = await create_base(client)
+        r = await upload(client, base, [(f"f{i}.txt", b"words") for i in range(5)])
+        assert r.status_code == 429 and "DTASK_OWNER_MAX_PENDING" in r.json()["detail"]
+        assert await scalar(svc, "SELECT count(*) FROM knowledge_files") == 0
+        assert await scalar(svc, "SELECT count(*) FROM tasks") == 0
+        assert object_names(knowledge_stores, f"{base}/") == []  # the originals were taken back
+        assert (await upload(client, base, [(f"f{i}.txt", b"words") for i in range(3)])).status_code == 202

@@ -1,0 +1,81 @@
+"""The README's shell path: `python -m domains.knowledge.cli` against a live API (uvicorn on a
+loopback port), real stores; the tasks run in this process through the real runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+from typer.testing import CliRunner
+
+from domains.knowledge.cli import cli
+from tasks_core.services import build_services
+from tests.conftest import make_settings
+from tests.knowledge_helpers import KEYS, run_pending
+
+pytestmark = pytest.mark.usefixtures("clean_db")
+SECRET = "alice-secret-0123456"
+
+
+@pytest.fixture
+def live_api(knowledge_stores: dict[str, str]) -> Iterator[str]:
+    from app.main import create_app
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings=make_settings(api_keys=KEYS)),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def invoke(api: str, *args: str) -> str:
+    result = CliRunner().invoke(cli, [*args, "--api", api, "--key", SECRET])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_create_upload_a_folder_watch_and_search(live_api: str, tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    (docs / "deep").mkdir(parents=True)
+    (docs / "ferns.md").write_text("# Ferns\n\nFerns reproduce by spores, not seeds.")
+    (docs / "deep" / "moss.txt").write_text("Mosses hold water like a sponge on the forest floor.")
+    (docs / "deep" / "image.png").write_bytes(b"\x89PNG")
+
+    base = invoke(live_api, "create-base", "botany").strip()
+    uploaded = invoke(live_api, "upload", base, str(docs))
+    assert "ferns.md" in uploaded and "moss.txt" in uploaded and "uploaded 2 files" in uploaded
+    assert "skipped (not .txt/.md/.html/.pdf)" in uploaded and "image.png" in uploaded
+
+    async def run() -> None:
+        svc = build_services(make_settings(), pool_size=2)
+        try:
+            await run_pending(svc)
+        finally:
+            await svc.close()
+
+    asyncio.run(run())
+    assert invoke(live_api, "files", base, "--watch").strip() == "2 indexed"
+    assert "botany" in invoke(live_api, "bases") and "2 indexed" in invoke(live_api, "bases")
+    hits = invoke(live_api, "search", base, "spores seeds ferns", "--top-k", "1").splitlines()
+    assert len(hits) == 1 and "Ferns reproduce by spores" in hits[0]
