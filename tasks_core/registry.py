@@ -119,6 +119,11 @@ class Registry:
         fn: Handler = self._load(spec.handler)
         return fn
 
+    def loaded_handler(self, spec: TaskSpec) -> Handler | None:
+        """The handler if its module is imported already (no import here)."""
+        fn: Handler | None = self._imported.get(spec.handler)
+        return fn
+
     def hook_for(self, task_type: str, version: int, kind: HookKind) -> Hook | None:
         """The hook that converges a row of this type and version.
 

@@ -185,15 +185,13 @@ class Execution:
                 self._handler_task.cancel()
 
     async def run(self) -> str:
-        handler = self.services.registry.handler(self.spec)
         loop = asyncio.get_running_loop()
         started = time.monotonic()
-        self._handler_task = asyncio.create_task(
-            cast(Coroutine[Any, Any, Any], handler(self.ctx)),
-            name=f"{HANDLER_TASK_PREFIX}{self.spec.task_type}:{self.task_id}",
-        )
         heartbeat = asyncio.create_task(self._heartbeat(), name="heartbeat")
         watch = asyncio.create_task(self._watch_shutdown(), name="shutdown-watch")
+        self._handler_task = asyncio.create_task(
+            self._load_and_run(), name=f"{HANDLER_TASK_PREFIX}{self.spec.task_type}:{self.task_id}"
+        )
         # Local monotonic time is fine for the timeout: it measures this attempt's own run time.
         timer = loop.call_later(float(self.claim.task["timeout_seconds"]), self.stop, "timeout")
         try:
@@ -206,6 +204,16 @@ class Execution:
             for guard in (heartbeat, watch):
                 guard.cancel()
             await asyncio.gather(heartbeat, watch, return_exceptions=True)
+
+    async def _load_and_run(self) -> Any:
+        registry = self.services.registry
+        handler = registry.loaded_handler(self.spec)
+        if handler is None:
+            # The first task of a type imports its module off the loop, with the heartbeat already
+            # beating: a heavy import (numpy, a client library) must not cost the lease. A module
+            # that fails to import fails the task like a handler that raises.
+            handler = await asyncio.to_thread(registry.handler, self.spec)
+        return await cast(Coroutine[Any, Any, Any], handler(self.ctx))
 
     async def _wait_for_handler(self) -> None:
         """Until the handler ends; once it has been told to stop, at most the cleanup grace more."""

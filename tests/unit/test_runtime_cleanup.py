@@ -95,3 +95,18 @@ async def test_a_handler_error_shows_its_class_and_first_line_and_keeps_the_trac
     assert row["error"] == {"code": "handler_error", "message": "RuntimeError: first line"}
     [attempt] = await svc.repo.attempts(task_id)
     assert "second line" in attempt["detail"] and "Traceback" in attempt["detail"]
+
+
+async def test_a_handler_module_slower_to_import_than_a_lease_keeps_the_lease(svc: Any) -> None:
+    import sys
+
+    from tasks_core.registry import TaskSpec
+
+    sys.modules.pop("tests.slow_import_handler", None)
+    registry = Registry([*DIAGNOSTICS, TaskSpec("test.slow_import", "tests.slow_import_handler:run")])
+    svc.registry = registry
+    task_id = (await Submitter(svc).submit(TaskIntent("test.slow_import"))).task_id
+    outcome = await asyncio.wait_for(run_task(svc, str(task_id)), 30)
+    row = await svc.repo.get(task_id)
+    assert outcome.status == "success" and row["result"] == {"imported": True}, row
+    assert row["attempt_count"] == 1
