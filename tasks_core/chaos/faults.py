@@ -13,6 +13,7 @@ worker's main process and all its pool children at once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
 import os
 import random
@@ -38,11 +39,25 @@ REDIS = "redis_restart"
 PG_TERMINATE = "pg_terminate"
 CANCEL = "cancel"
 KINDS = (KILL, PAUSE, PAUSE_CLAIMER, DUPLICATE, REDIS, PG_TERMINATE, CANCEL)
+# Only with --own-postgres (a server the campaign started itself): the postmaster and every backend
+# SIGSTOPped for longer than the lease, and an immediate shutdown with the server back on the same
+# port within 1-3 s.
+PG_PAUSE = "pg_pause"
+PG_RESTART = "pg_restart"
+PG_KINDS = (PG_PAUSE, PG_RESTART)
+ALL_KINDS = KINDS + PG_KINDS
 # Relative frequency of each fault after the guaranteed ones.
 WEIGHTS = {KILL: 3, PAUSE: 3, DUPLICATE: 2, REDIS: 1, PG_TERMINATE: 2, CANCEL: 1}
 # Every campaign does each fault at least this often (pauses twice: fencing must be exercised).
 MINIMUM = {KILL: 1, PAUSE: 2, PAUSE_CLAIMER: 1, DUPLICATE: 1, REDIS: 1, PG_TERMINATE: 1, CANCEL: 1}
 GAP_SECONDS = (2.0, 5.0)
+# PostgreSQL faults: at least these, one more per PG_EXTRA_EVERY seconds of faults, drawn by weight.
+PG_MINIMUM = {PG_PAUSE: 1, PG_RESTART: 2}
+PG_WEIGHTS = {PG_PAUSE: 1, PG_RESTART: 2}
+PG_EXTRA_EVERY = 60.0
+PG_RESTART_DOWN = (1.0, 3.0)
+# After a PostgreSQL fault the next fault waits this long past the outage's planned end.
+PG_SETTLE_SECONDS = 2.0
 
 FAKETIME_LIBS = (
     "/usr/lib/*/faketime/libfaketimeMT.so.1",
@@ -68,9 +83,21 @@ def claimer_pause_seconds(lease_seconds: float, reconcile_seconds: float, margin
 
 def build_schedule(
     seed: int, fault_seconds: float, lease_seconds: float, *, exclude: tuple[str, ...] = (),
-    claimer_pause: float | None = None,
+    claimer_pause: float | None = None, own_postgres: bool = False,
 ) -> list[FaultEvent]:
-    """The campaign's faults; ``exclude`` drops kinds (the rest of the schedule keeps its draws)."""
+    """The campaign's faults; ``exclude`` drops kinds (the rest of the schedule keeps its draws).
+
+    ``own_postgres`` adds the PostgreSQL faults from a stream of their own, so the other faults keep
+    every draw they have without the flag (only their instants move, past each PostgreSQL outage)."""
+    events = _base_schedule(seed, fault_seconds, lease_seconds, claimer_pause)
+    if own_postgres:
+        events = _with_postgres_faults(seed, events, fault_seconds, lease_seconds)
+    return [e for e in events if e.kind not in exclude]
+
+
+def _base_schedule(
+    seed: int, fault_seconds: float, lease_seconds: float, claimer_pause: float | None
+) -> list[FaultEvent]:
     rng = random.Random(f"dtask-chaos:{seed}:faults")
     claimer_pause = claimer_pause or claimer_pause_seconds(lease_seconds, 1.0, 5.0)
     # The last fault fires early enough that a pause (lease + up to 3 s) ends within the phase.
@@ -100,7 +127,42 @@ def build_schedule(
         else:
             duration = 0.0
         events.append(FaultEvent(round(at, 3), kind, round(duration, 3), rng.random(), rng.random()))
-    return [e for e in events if e.kind not in exclude]
+    return events
+
+
+def _with_postgres_faults(
+    seed: int, events: list[FaultEvent], fault_seconds: float, lease_seconds: float
+) -> list[FaultEvent]:
+    """Insert the PostgreSQL faults between the others, each midway between two of them, and move
+    every later fault back by the outage plus PG_SETTLE_SECONDS: no other fault is scheduled while
+    the database is down (the campaign needs it to aim them and to stamp them with its clock)."""
+    rng = random.Random(f"dtask-chaos:{seed}:postgres")
+    kinds = [kind for kind, n in PG_MINIMUM.items() for _ in range(n)]
+    extra = int(fault_seconds // PG_EXTRA_EVERY)
+    kinds += rng.choices(list(PG_WEIGHTS), weights=list(PG_WEIGHTS.values()), k=extra)
+    rng.shuffle(kinds)
+    # Insert before events[i] (i >= 1: the first fault is never a database one), at most one per gap.
+    before = sorted(rng.sample(range(1, len(events)), k=min(len(kinds), len(events) - 1)))
+    planned = dict(zip(before, kinds, strict=False))
+    out: list[FaultEvent] = []
+    shift = 0.0
+    for i, event in enumerate(events):
+        kind = planned.get(i)
+        if kind is not None:
+            at = (events[i - 1].at + event.at) / 2 + shift
+            if kind == PG_PAUSE:
+                duration = lease_seconds + rng.uniform(1.0, 3.0)  # longer than the lease: it must lapse
+            else:
+                duration = rng.uniform(*PG_RESTART_DOWN)
+            out.append(FaultEvent(round(at, 3), kind, round(duration, 3), rng.random(), rng.random()))
+            shift += duration + PG_SETTLE_SECONDS
+        out.append(dataclasses.replace(event, at=round(event.at + shift, 3)))
+    return out
+
+
+def phase_seconds(schedule: list[FaultEvent], fault_seconds: float) -> float:
+    """How long the fault phase lasts: ``fault_seconds`` plus the time PostgreSQL faults added."""
+    return fault_seconds + sum(e.duration + PG_SETTLE_SECONDS for e in schedule if e.kind in PG_KINDS)
 
 
 @dataclass(frozen=True)
