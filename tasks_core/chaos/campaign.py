@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import os
 import random
@@ -189,7 +190,8 @@ class Campaign:
         # monitor, fault log) wait on this lock or log no PostgreSQL time, instead of hanging on a
         # paused server or retrying into a restart.
         self._db_lock = asyncio.Lock()
-        self._pg_down = False
+        self._pg_up = asyncio.Event()
+        self._pg_up.set()
         self.expired: dict[tuple[uuid.UUID, datetime], datetime] = {}
         self.stalls: list[tuple[datetime, datetime]] = []
         self.max_running = 0
@@ -209,6 +211,10 @@ class Campaign:
         self.redis: Any = None
 
     # ------------------------------------------------------------------------------ output
+
+    @property
+    def _pg_down(self) -> bool:
+        return not self._pg_up.is_set()
 
     def say(self, line: str) -> None:
         self.out(f"[chaos +{time.monotonic() - self.t0:7.2f}s] {line}")
@@ -586,11 +592,13 @@ class Campaign:
 
     async def _postgres_fault(self, ev: F.FaultEvent) -> None:
         """Pause or restart the campaign's own PostgreSQL, in the foreground of the fault loop (no
-        other fault fires meanwhile). The database's own users in this process wait on the lock."""
+        other fault fires until recovery works again). The campaign's own users of the database
+        wait on the lock while it is down."""
         if self._pg is None:
             await self.fault(ev.kind, "postgres", "skipped: the campaign does not own its PostgreSQL")
             return
-        self._pg_down = True  # before taking the lock: no new stamp queues up behind the outage
+        await self._until_workers_started()
+        self._pg_up.clear()  # before taking the lock: no new stamp queues up behind the outage
         try:
             async with self._db_lock:
                 down_at, running = await self._running_leases()
@@ -598,10 +606,37 @@ class Campaign:
                     up_at = await self._pause_postgres(ev, down_at, len(running))
                 else:
                     up_at = await self._restart_postgres(ev, down_at, running)
+                with contextlib.suppress(Exception):  # only a reconcile from now on counts
+                    await self.redis.delete(READINESS_KEY)
         finally:
-            self._pg_down = False
+            self._pg_up.set()
         kind = "pause" if ev.kind == F.PG_PAUSE else "restart"
-        self.postgres_outages.append(PostgresOutage(kind, down_at, up_at, tuple(running)))
+        outage = PostgresOutage(kind, down_at, up_at, tuple(running))
+        if up_at is not None:
+            outage = dataclasses.replace(outage, recovered_at=await self._await_recovery(up_at))
+        self.postgres_outages.append(outage)
+
+    async def _await_recovery(self, up_at: datetime) -> datetime | None:
+        """When recovery works again after the database answered: a reconcile has run (the readiness
+        fact, deleted when the database answered, is back). Until then workers may still be stuck in
+        calls to the stopped server; as with Redis, I3's deadlines start from here."""
+        if not await self._await_readiness_fact(self.cfg.startup_timeout):
+            self.notes.append("no reconcile ran within the start-up timeout after a PostgreSQL outage")
+            await self.fault("pg_recovered", "postgres", "NOT recovered: no reconcile ran")
+            return None
+        recovered = await self.pg_now()
+        after = (recovered - up_at).total_seconds()
+        detail = f"a reconcile ran {after:.2f} s after the database answered"
+        await self.fault("pg_recovered", "postgres", detail, pg=recovered)
+        return recovered
+
+    async def _until_workers_started(self) -> None:
+        """A worker still starting would fail its schema check against a stopped database and exit:
+        let it finish starting first (bounded by the start-up timeout)."""
+        for _ in range(int(self.cfg.startup_timeout / 0.1)):
+            if not any(p.alive() and not p.ready and not p.paused for p in self.slots):
+                return
+            await asyncio.sleep(0.1)
 
     async def _running_leases(self) -> tuple[datetime, list[RunningLease]]:
         """PostgreSQL's clock and the running tasks with a live lease, just before a fault."""
@@ -662,9 +697,15 @@ class Campaign:
 
     async def _restart(self, slot: int, delay: float) -> None:
         await asyncio.sleep(delay)
+        # A worker refuses to start without its database (the schema gate fails closed), as an
+        # operator's supervisor would find: it restarts the worker once PostgreSQL is back.
+        deferred = time.monotonic()
+        await self._pg_up.wait()
+        deferred = time.monotonic() - deferred
         proc = self._start_worker(slot)
         self.slots[slot] = proc
-        await self.fault("worker_restart", proc.name, f"started pid {proc.pid}")
+        waited = f" (after waiting {deferred:.1f} s for PostgreSQL)" if deferred > 0.05 else ""
+        await self.fault("worker_restart", proc.name, f"started pid {proc.pid}{waited}")
         await self._await_ready(proc, self.cfg.startup_timeout)
         if proc.ready:
             self.say(f"{proc.name} ready {time.monotonic() - proc.started:.1f} s after its start")
@@ -777,6 +818,7 @@ class Campaign:
         last_claim: Any = None
         while not self._stop_monitor.is_set():
             if self._pg_down:  # the campaign holds PostgreSQL down: nothing to sample
+                await self._supervise()
                 await asyncio.sleep(MONITOR_INTERVAL)
                 continue
             try:

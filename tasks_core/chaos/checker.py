@@ -91,12 +91,19 @@ class RunningLease:
 @dataclass(frozen=True)
 class PostgresOutage:
     """A PostgreSQL fault of the campaign: ``kind`` is ``pause`` or ``restart``; ``down_at`` is
-    PostgreSQL's clock just before it, ``up_at`` its first answer afterwards (None: never)."""
+    PostgreSQL's clock just before it, ``up_at`` its first answer afterwards (None: never), and
+    ``recovered_at`` the moment recovery worked again (a reconcile ran after ``up_at``: workers
+    stuck in calls to the stopped server had given up, as after a Redis outage)."""
 
     kind: str
     down_at: datetime
     up_at: datetime | None
     running: tuple[RunningLease, ...] = ()
+    recovered_at: datetime | None = None
+
+    @property
+    def over_at(self) -> datetime | None:
+        return self.recovered_at or self.up_at
 
 
 @dataclass
@@ -127,7 +134,7 @@ class Observations:
 
     def outage_windows(self) -> list[tuple[datetime, datetime | None]]:
         """Every interval during which recovery could not proceed: transport and database outages."""
-        return [*self.outages, *((o.down_at, o.up_at) for o in self.postgres_outages)]
+        return [*self.outages, *((o.down_at, o.over_at) for o in self.postgres_outages)]
 
 
 @dataclass
@@ -395,16 +402,20 @@ def check_i3(snap: Snapshot, obs: Observations, bounds: Bounds) -> Finding:
     # and the least time to spare before its deadline: how close the run came to the bound.
     longest_lag = 0.0
     least_spare: float | None = None
+    closest: dict[str, Any] = {}
 
-    def judge(lease_end: datetime, until: datetime, deadline: datetime) -> None:
-        nonlocal longest_lag, least_spare
+    def judge(task_id: Any, lease_end: datetime, until: datetime, deadline: datetime) -> None:
+        nonlocal longest_lag, least_spare, closest
         longest_lag = max(longest_lag, (until - lease_end).total_seconds())
         spare = (deadline - until).total_seconds()
-        least_spare = spare if least_spare is None else min(least_spare, spare)
+        if least_spare is None or spare < least_spare:
+            least_spare = spare
+            closest = {"task_id": task_id, "lease_expires_at": lease_end, "converged_or_seen_at": until,
+                       "deadline": deadline}
 
     for seen in obs.expired_leases:
         deadline = recovery_deadline(seen.lease_expires_at, bounds.recovery_seconds, obs)
-        judge(seen.lease_expires_at, seen.last_seen, deadline)
+        judge(seen.task_id, seen.lease_expires_at, seen.last_seen, deadline)
         if seen.last_seen > deadline:
             late[(seen.task_id, seen.lease_expires_at)] = {
                 "task_id": seen.task_id, "lease_expires_at": seen.lease_expires_at,
@@ -424,7 +435,7 @@ def check_i3(snap: Snapshot, obs: Observations, bounds: Bounds) -> Finding:
             continue
         converged += 1
         deadline = recovery_deadline(last["ended_at"], bounds.recovery_seconds, obs)
-        judge(last["ended_at"], task["finished_at"], deadline)
+        judge(task["id"], last["ended_at"], task["finished_at"], deadline)
         if task["finished_at"] > deadline:
             late.setdefault((task["id"], last["ended_at"]), {
                 "task_id": task["id"], "lease_expires_at": last["ended_at"],
@@ -452,11 +463,16 @@ def check_i3(snap: Snapshot, obs: Observations, bounds: Bounds) -> Finding:
          "recovery_bound_seconds": round(bounds.recovery_seconds, 3),
          "longest_unconverged_lease_seconds": round(longest_lag, 3),
          "least_seconds_to_spare": None if least_spare is None else round(least_spare, 3),
+         "closest_call": closest,
          "stall_bound_seconds": bounds.stall_seconds, "outages": len(obs.outages),
          "postgres_outages": len(obs.postgres_outages),
          "postgres_outage_seconds": round(sum(
              ((o.up_at or obs.window_end) - o.down_at).total_seconds() for o in obs.postgres_outages
-         ), 3)},
+         ), 3),
+         "postgres_recovery_seconds": [
+             round((o.over_at - o.down_at).total_seconds(), 3) if o.over_at else None
+             for o in obs.postgres_outages
+         ]},
         (unfinished + list(late.values()) + stalls)[:EXAMPLES],
     )
 

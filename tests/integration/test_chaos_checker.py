@@ -441,6 +441,11 @@ async def test_a_postgres_outage_moves_the_recovery_deadline_like_redis_does(his
     i3 = excused.findings[2]
     assert i3.count == 0 and i3.details["postgres_outages"] == 1, i3
     assert "PostgreSQL outage" in i3.checked, i3.checked
+    # Until recovery worked again (a reconcile ran after the database answered), like Redis.
+    slow = PostgresOutage("pause", history.at(9), history.at(14), recovered_at=history.at(18))
+    assert (await history.verdict(postgres_outages=[slow])).findings[2].count == 0
+    quick = PostgresOutage("pause", history.at(9), history.at(14), recovered_at=history.at(14.5))
+    assert (await history.verdict(postgres_outages=[quick])).findings[2].count == 1
     # A pause that began after the deadline had passed excuses nothing; neither loosens I1/I2.
     after = await history.verdict(postgres_outages=[PostgresOutage("pause", history.at(15), history.at(18))])
     assert after.findings[2].count == 1, after.findings[2]

@@ -61,7 +61,7 @@ async def test_seeded_fault_campaign_keeps_every_invariant() -> None:
     kinds = {e["kind"] for e in done}
     expected = {F.KILL, "worker_restart", F.PAUSE, F.PAUSE_CLAIMER, "worker_resume", F.DUPLICATE, F.REDIS,
                 "redis_start", "redis_recovered", F.PG_TERMINATE, F.CANCEL, F.PG_PAUSE, "pg_resume",
-                F.PG_RESTART, "pg_back"}
+                F.PG_RESTART, "pg_back", "pg_recovered"}
     assert expected <= kinds, f"faults that never happened: {expected - kinds}\n{context}"
     assert not any("NOT" in e["detail"] for e in result.faults), context
     problems = [n for n in result.notes if not n.startswith("libfaketime not installed")]
