@@ -2,14 +2,38 @@
 so each setting below is chosen to make the transport fast, boring and unable to hurt a task.
 """
 
+from typing import NoReturn
+
 from kombu import Exchange, Queue
+from kombu.transport import TRANSPORT_ALIASES
+from kombu.transport.base import Transport
 
 from tasks_core.settings import get_settings
 from tasks_core.transport import DURABLE_QUEUE, DUTIES_QUEUE
 
 _s = get_settings()
 
-broker_url = _s.broker_url or "redis://127.0.0.1:6379/0"
+
+class BrokerNotConfigured(RuntimeError):
+    pass
+
+
+class NoBrokerTransport(Transport):
+    """The broker when DTASK_BROKER_URL is unset: every connection fails, naming the setting.
+
+    No hidden default: Celery alone would fall back to amqp://guest@localhost:5672, a broker that
+    may well answer on a shared machine and swallow the task ids.
+    """
+
+    driver_type = driver_name = "dtask-no-broker"
+
+    def establish_connection(self) -> NoReturn:
+        raise BrokerNotConfigured("DTASK_BROKER_URL is not set (redis://host:6379/0)")
+
+
+TRANSPORT_ALIASES["dtask-no-broker"] = "celeryconfig:NoBrokerTransport"
+
+broker_url = _s.broker_url or "dtask-no-broker://"
 broker_connection_retry_on_startup = True
 
 # JSON only: a message is a task id, nothing a pickle could smuggle in.
@@ -50,10 +74,16 @@ task_acks_late = False
 task_reject_on_worker_lost = False
 worker_prefetch_multiplier = 1
 worker_disable_prefetch = True
-# visibility_timeout only matters if someone turns on late acks: never re-deliver before the
-# longest allowed task. Socket timeouts: a paused Redis fails a publish in seconds instead of
-# hanging its thread forever (workers' BRPOP polls every second, well inside them).
+# No ack emulation on Redis: a message is gone from the list once a worker pops it, and the
+# acknowledgement costs no Redis round trip. Emulation would keep a copy in an "unacked" hash to
+# restore after visibility_timeout, which early acknowledgement makes pointless (the publisher
+# re-sends a pending task whose message was lost), and its restore-on-reconnect path crashed workers
+# during a Redis restart (kombu: 'NoneType' object has no attribute 'hostname'; found by the fault
+# campaign). visibility_timeout then never applies; it stays above the longest task for anyone who
+# turns emulation and late acks back on. Socket timeouts: a paused Redis fails a publish in seconds
+# instead of hanging its thread forever (workers' BRPOP polls every second, well inside them).
 broker_transport_options = {
+    "ack_emulation": False,
     "visibility_timeout": int(_s.max_timeout_seconds) + 3600,
     "socket_timeout": 5,
     "socket_connect_timeout": 2,

@@ -14,6 +14,7 @@ import math
 import os
 import signal
 import sys
+import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -74,17 +75,22 @@ class ProcessState:
         # (and the readiness fact) name the exact worker process, not just the machine: several
         # workers share a host, and operators must tell which one owned an attempt.
         extra = {"worker_name": f"{_node_name}:{self.pid}"} if _node_name else None
-        self.services = build_services(get_settings(), pool_size=3, extra=extra)
+        self.services = build_services(get_settings(), pool_size=3, extra=extra, pre_ping=False)
         # An unresponsive handler was left running in this loop: the process must be recycled.
         self.abandoned = False
+        self.flushed_at = 0.0
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         try:
             return self.runner.run(coro)
         finally:
-            self.runner.run(self._flush_metrics())
+            # At most every DTASK_METRICS_FLUSH_SECONDS: a flush per task is a Redis round trip
+            # per task. The last deltas go when the process stops.
+            if time.monotonic() - self.flushed_at >= self.services.settings.metrics_flush_seconds:
+                self.runner.run(self._flush_metrics())
 
     async def _flush_metrics(self) -> None:
+        self.flushed_at = time.monotonic()
         try:
             await metrics.flush(self.services.redis)
         except Exception:  # metrics must never fail a task; the deltas wait for the next flush
@@ -95,6 +101,7 @@ class ProcessState:
 
     def close(self) -> None:
         try:
+            self.runner.run(self._flush_metrics())
             self.runner.run(self.services.close())
         finally:
             # Runner.close() waits for every task left in the loop to finish its cancellation; a

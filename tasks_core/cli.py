@@ -4,26 +4,54 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 
+from tasks_core import cli_format
+from tasks_core.cli_errors import EXIT_HELP, Exit, classify
+from tasks_core.model import Status
 from tasks_core.settings import Settings, get_settings
 
 T = TypeVar("T")
-cli = typer.Typer(no_args_is_help=True, add_completion=False, help="durable-tasks: durable background tasks.")
+# The oldest finished task worth naming: older ages overflow PostgreSQL's timestamps.
+MAX_PRUNE_DAYS = 36500
+
+
+def _exit_codes_epilog() -> str:
+    rows = "\n".join(f"  {int(code):>3}  {text}" for code, text in EXIT_HELP.items())
+    # "\b" keeps click from re-wrapping the table.
+    return f"\b\nExit codes:\n{rows}"
+
+
+cli = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="durable-tasks: durable background tasks.",
+    epilog=_exit_codes_epilog(),
+    rich_markup_mode=None,
+)
 
 
 def _run(fn: Callable[[], Awaitable[T]]) -> T:
-    return asyncio.run(fn())  # type: ignore[arg-type]
+    """Run a command's coroutine; a database problem ends the command with one line and its code."""
+    try:
+        return asyncio.run(fn())  # type: ignore[arg-type]
+    except Exception as exc:
+        problem = classify(exc, get_settings().database_url or "")
+        if problem is None:
+            raise
+        _fail(str(problem), problem.code)
 
 
-def _fail(message: str, code: int = 1) -> NoReturn:
+def _fail(message: str, code: int = Exit.FAILED) -> NoReturn:
     typer.echo(message, err=True)
-    raise typer.Exit(code)
+    raise typer.Exit(int(code))
 
 
 def _services(settings: Settings | None = None) -> Any:
@@ -32,20 +60,36 @@ def _services(settings: Settings | None = None) -> Any:
     return build_services(settings or get_settings(), pool_size=2)
 
 
+@asynccontextmanager
+async def _client() -> AsyncIterator[Any]:
+    """Services for one client command, once the database is known to carry this release's schema."""
+    from tasks_core.db import check_schema
+
+    # The command reports every outcome itself (a failed publish included): library warnings on top
+    # would say the same thing twice.
+    logging.basicConfig(level=logging.ERROR)
+    services = _services()
+    try:
+        await check_schema(services.engine)
+        yield services
+    finally:
+        await services.close()
+
+
 def _schema_gate(settings: Settings) -> None:
     from tasks_core.db import SchemaNotCurrent, check_schema_blocking
 
     try:
         check_schema_blocking(settings.require_database())
     except SchemaNotCurrent as exc:
-        _fail(f"refusing to start: {exc}", 2)
+        _fail(f"refusing to start: {exc}", Exit.USAGE)
 
 
 def _task_id(raw: str) -> uuid.UUID:
     try:
         return uuid.UUID(raw)
     except ValueError:
-        _fail(f"not a task id: {raw!r}", 2)
+        _fail(f"not a task id: {raw!r}", Exit.USAGE)
 
 
 @cli.command()
@@ -58,8 +102,11 @@ def migrate() -> None:
     url = get_settings().require_database()
     try:
         command.upgrade(alembic_config(url), "head")
-    except OSError as exc:
-        _fail(f"cannot reach the database: {exc}")
+    except Exception as exc:
+        problem = classify(exc, url)
+        if problem is None:
+            raise
+        _fail(str(problem), problem.code)
     typer.echo("schema is current")
 
 
@@ -78,7 +125,7 @@ def db_status() -> None:
     current, head = _run(go), head_revision()
     typer.echo(f"database: {current or 'no version'}\nrelease:  {head}")
     if current != head:
-        _fail("schema is not current: run `dtask migrate`", 3)
+        _fail("schema is not current: run `dtask migrate`", Exit.SCHEMA)
 
 
 @cli.command()
@@ -136,6 +183,7 @@ def api(
     import uvicorn
 
     settings = get_settings()
+    settings.require_broker()  # the api publishes task ids; it never guesses a broker
     _schema_gate(settings)
     if not settings.api_keys:
         typer.echo("warning: DTASK_API_KEYS is empty; every request except health will get 401", err=True)
@@ -145,7 +193,11 @@ def api(
 @cli.command()
 def flower(
     address: Annotated[
-        str, typer.Option(help="interface (non-loopback needs DTASK_FLOWER_BASIC_AUTH)")
+        str,
+        typer.Option(
+            help="interface; without DTASK_FLOWER_BASIC_AUTH Flower refuses to start, on loopback too, "
+            "unless --insecure-local"
+        ),
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 5555,
     insecure_local: Annotated[
@@ -173,43 +225,51 @@ def submit(
     """Submit a task and print its id."""
     from tasks_core.submission import InvalidTask, Submitter, TaskIntent
 
+    # Before anything is stored: a task nobody can send would wait for a broker that does not exist.
+    get_settings().require_broker()
     try:
         body = json.loads(payload)
     except json.JSONDecodeError as exc:
-        _fail(f"--payload is not JSON: {exc}", 2)
+        _fail(f"--payload is not JSON: {exc}", Exit.USAGE)
 
     async def go() -> Any:
-        services = _services()
-        try:
-            result = await Submitter(services).submit(
+        async with _client() as services:
+            return await Submitter(services).submit(
                 TaskIntent(task_type, body, dedupe_key=dedupe_key, timeout_seconds=timeout), owner="cli"
             )
-            if result.duplicate_of is None and not result.published:
-                typer.echo(
-                    f"warning: not published yet ({result.publish_error}); the publisher will send it",
-                    err=True,
-                )
-            return result
-        finally:
-            await services.close()
 
     try:
         result = _run(go)
     except InvalidTask as exc:
-        _fail(f"invalid task: {exc}", 2)
+        _fail(f"invalid task: {exc}", Exit.USAGE)
     if result.duplicate_of is not None:
         typer.echo(f"an active task already holds this dedupe key: {result.duplicate_of}", err=True)
+    elif not result.published:
+        typer.echo(
+            f"warning: not published yet ({result.publish_error}); the publisher will send it", err=True
+        )
     typer.echo(str(result.task_id))
     if wait:
-        sys.exit(_wait(result.task_id))
+        _watch(result.task_id)
+
+
+def _watch(task_id: uuid.UUID) -> NoReturn:
+    try:
+        code = _wait(task_id)
+    except KeyboardInterrupt:
+        _fail(
+            f"stopped watching; task {task_id} goes on. Watch it with `dtask show {task_id}`, "
+            f"cancel it with `dtask cancel {task_id}`",
+            Exit.INTERRUPTED,
+        )
+    sys.exit(code)
 
 
 def _wait(task_id: uuid.UUID) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     async def go() -> dict[str, Any]:
-        services = _services()
-        try:
+        async with _client() as services:
             with Progress(
                 TextColumn("{task.description}"),
                 BarColumn(),
@@ -227,13 +287,11 @@ def _wait(task_id: uuid.UUID) -> int:
                     if row["status"] in ("success", "failed", "cancelled"):
                         return dict(row)
                     await asyncio.sleep(0.5)
-        finally:
-            await services.close()
 
     row = _run(go)
     if row["error"]:
         typer.echo(f"{row['status']}: {row['error']['code']}: {row['error']['message']}", err=True)
-    return 0 if row["status"] == "success" else 1
+    return 0 if row["status"] == "success" else int(Exit.FAILED)
 
 
 @cli.command()
@@ -244,29 +302,25 @@ def show(task_id: str, as_json: Annotated[bool, typer.Option("--json")] = False)
     tid = _task_id(task_id)
 
     async def go() -> dict[str, Any] | None:
-        services = _services()
-        try:
+        async with _client() as services:
             row = await services.repo.get(tid)
             if row is None:
                 return None
             return task_view(row, await services.repo.waiting_reason(row, services.settings.capacity))
-        finally:
-            await services.close()
 
     view = _run(go)
     if view is None:
-        _fail(f"no task {task_id}", 4)
+        _fail(f"no task {task_id}", Exit.NO_TASK)
     if as_json:
         typer.echo(json.dumps(view))
         return
-    for key, value in view.items():
-        typer.echo(f"{key:>17}: {json.dumps(value) if isinstance(value, dict | list) else value}")
+    typer.echo("\n".join(cli_format.show_lines(view)))
 
 
 @cli.command("list")
 def list_tasks(
-    status: Annotated[str | None, typer.Option()] = None,
-    task_type: Annotated[str | None, typer.Option("--type")] = None,
+    status: Annotated[Status | None, typer.Option(help="only tasks in this state")] = None,
+    task_type: Annotated[str | None, typer.Option("--type", help="only tasks of this type")] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
     cursor: Annotated[str | None, typer.Option()] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -275,26 +329,25 @@ def list_tasks(
     from tasks_core.views import task_view
 
     async def go() -> tuple[list[dict[str, Any]], str | None]:
-        services = _services()
-        try:
+        async with _client() as services:
             rows, nxt = await services.repo.list(
-                status=status, task_type=task_type, limit=limit, cursor=cursor
+                status=status.value if status else None, task_type=task_type, limit=limit, cursor=cursor
             )
             return [task_view(r) for r in rows], nxt
-        finally:
-            await services.close()
 
     try:
         items, nxt = _run(go)
     except ValueError as exc:
-        _fail(str(exc), 2)
+        _fail(str(exc), Exit.USAGE)
     if as_json:
         typer.echo(json.dumps({"items": items, "next_cursor": nxt}))
         return
-    for t in items:
-        typer.echo(
-            f"{t['id']}  {t['status']:<9} {t['progress']:>5.1f}%  {t['task_type']:<24} {t['created_at']}"
-        )
+    if not items:
+        typer.echo("no tasks")
+        return
+    typer.echo(cli_format.LIST_HEADER)
+    for view in items:
+        typer.echo(cli_format.list_row(view))
     if nxt:
         typer.echo(f"next page: --cursor {nxt}")
 
@@ -305,18 +358,15 @@ def cancel(task_id: str) -> None:
     tid = _task_id(task_id)
 
     async def go() -> str | None:
-        services = _services()
-        try:
+        async with _client() as services:
             outcome: str | None = await services.repo.request_cancel(tid, services.registry)
             return outcome
-        finally:
-            await services.close()
 
     outcome = _run(go)
     if outcome is None:
-        _fail(f"no task {task_id}", 4)
+        _fail(f"no task {task_id}", Exit.NO_TASK)
     if outcome == "terminal":
-        _fail("task already finished", 5)
+        _fail("task already finished", Exit.FINISHED)
     typer.echo("cancelled" if outcome == "cancelled" else "cancel requested")
 
 
@@ -328,29 +378,35 @@ def prune(older_than: Annotated[str, typer.Option("--older-than", help="e.g. 7d,
     try:
         seconds = parse_duration(older_than)
     except ValueError as exc:
-        _fail(str(exc), 2)
+        _fail(str(exc), Exit.USAGE)
+    if seconds > MAX_PRUNE_DAYS * 86400:
+        _fail(f"--older-than {older_than}: at most {MAX_PRUNE_DAYS}d (100 years)", Exit.USAGE)
 
     async def go() -> int:
-        services = _services()
-        try:
+        async with _client() as services:
             pruned: int = await services.repo.prune(seconds)
             return pruned
-        finally:
-            await services.close()
 
     typer.echo(f"pruned {_run(go)} tasks")
 
 
 @cli.command()
 def dev(
-    data_dir: Annotated[str | None, typer.Option(help="embedded data (default .dtask)")] = None,
-    api_port: Annotated[int, typer.Option()] = 8000,
-    flower_port: Annotated[int, typer.Option()] = 5555,
+    data_dir: Annotated[
+        str | None, typer.Option(help="embedded data, logs, ports and session key (default .dtask)")
+    ] = None,
+    api_port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
+    flower_port: Annotated[int, typer.Option(min=1, max=65535)] = 5555,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show the children's logs here")] = False,
 ) -> None:
-    """Run the whole system on embedded defaults (PostgreSQL and Redis from wheels) until Ctrl-C."""
+    """Run the whole system on embedded PostgreSQL and Redis, supervised, until Ctrl-C/SIGTERM/SIGHUP."""
     from tasks_core.dev import run_dev
 
-    sys.exit(run_dev(get_settings(), data_dir=data_dir, api_port=api_port, flower_port=flower_port))
+    sys.exit(
+        run_dev(
+            get_settings(), data_dir=data_dir, api_port=api_port, flower_port=flower_port, verbose=verbose
+        )
+    )
 
 
 from tasks_core.bench.cli import bench_app  # noqa: E402  (typer sub-app; imports nothing heavy)

@@ -89,6 +89,7 @@ def make_engine(
     idle_in_transaction_seconds: float | None = None,
     statement_seconds: float | None = None,
     connect_seconds: float = 5.0,
+    pre_ping: bool = True,
 ) -> AsyncEngine:
     """An asyncpg engine whose every call has a deadline.
 
@@ -96,9 +97,11 @@ def make_engine(
     never answers, so a server-side timeout would not fire); ``connect_seconds`` bounds a new
     connection and the wait for a pooled one. ``idle_in_transaction_seconds`` lets PostgreSQL end a
     session that sits inside a transaction that long: a paused or partitioned process must not keep
-    holding the capacity lock or a task row (which would stall every claim, or the reconciler,
+    holding a per-type claim lock or a task row (which would stall claims, or the reconciler,
     cluster-wide)."""
-    # pool_pre_ping: a worker whose backend was terminated reconnects instead of failing a write.
+    # pool_pre_ping: a connection whose backend was terminated is replaced before use, at a round
+    # trip per checkout. Workers turn it off: every call they make retries transient failures on a
+    # fresh connection anyway, and the hot path cannot afford the extra round trips.
     connect_args: dict[str, object] = {}
     if "+asyncpg" in url.split("://", 1)[0]:
         server = {"application_name": application_name()}
@@ -114,7 +117,7 @@ def make_engine(
         url,
         pool_size=pool_size,
         max_overflow=5,
-        pool_pre_ping=True,
+        pool_pre_ping=pre_ping,
         pool_timeout=connect_seconds,
         connect_args=connect_args,
     )

@@ -13,7 +13,9 @@ import atexit
 import concurrent.futures
 import contextlib
 import fcntl
+import hashlib
 import importlib.util
+import itertools
 import logging
 import os
 import pathlib
@@ -24,6 +26,7 @@ import signal
 import socket
 import stat
 import subprocess
+import tempfile
 import time
 from collections.abc import Coroutine, Iterator
 from types import TracebackType
@@ -59,7 +62,7 @@ def free_port() -> int:
         return port
 
 
-def _port_is_free(port: int) -> bool:
+def port_is_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         # As the servers do: a port whose old connections linger in TIME_WAIT is still usable.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -99,20 +102,45 @@ def _log_tail(path: pathlib.Path, offset: int = 0, lines: int = 30) -> str:
 
 
 def _terminate(proc: subprocess.Popen[bytes], *steps: tuple[signal.Signals, float]) -> None:
-    """Send each (signal, grace seconds) in turn until the process exits; SIGKILL as a last resort."""
-    for sig, timeout in steps:
-        if proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(sig)
-        try:
-            proc.wait(timeout)
-            return
-        except subprocess.TimeoutExpired:
-            log.warning("pid %s ignored %s for %.0fs", proc.pid, sig.name, timeout)
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    """Send each (signal, grace seconds) in turn until the process exits; SIGKILL as a last resort.
+    Then clear what is left of its process group (the backends of a postmaster that crashed)."""
+    try:
+        for sig, timeout in steps:
+            if proc.poll() is not None:
+                return
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)
+            try:
+                proc.wait(timeout)
+                return
+            except subprocess.TimeoutExpired:
+                log.warning("pid %s ignored %s for %.0fs", proc.pid, sig.name, timeout)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    finally:
+        _kill_group(proc.pid)
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL what is left of the process group of an exited server: our servers run in sessions
+    of their own, so their groups hold nothing else."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-returncode).name}"
+    return f"exited with {returncode}"
+
+
+def _exit_reason(proc: subprocess.Popen[bytes] | None) -> str | None:
+    if proc is None:
+        return "is not running"
+    code = proc.poll()
+    return None if code is None else describe_exit(code)
 
 
 # --------------------------------------------------------------------------------------------- PostgreSQL
@@ -150,16 +178,119 @@ def _service_account() -> pwd.struct_passwd | None:
     raise EmbeddedServerError("running as root, but neither a 'postgres' nor a 'nobody' account exists")
 
 
-def _allow_traversal(path: pathlib.Path) -> None:
-    """Give 'others' search (x, not read) permission on every ancestor of ``path``.
+def _as_account(account: pwd.struct_passwd | None) -> dict[str, Any]:
+    if account is None:
+        return {}
+    return {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
 
-    Needed only as root, where the server runs as another account that must reach its data
-    directory and binaries (e.g. through a 0700 /tmp/pytest-of-root). Nothing becomes listable.
-    """
-    for parent in path.resolve().parents:
-        mode = parent.stat().st_mode
-        if not mode & stat.S_IXOTH:
-            parent.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+
+def _account_can_reach(account: pwd.struct_passwd, path: pathlib.Path) -> bool:
+    """Whether ``account`` may search every directory down to ``path``: asked as that account, so
+    ACLs and group membership count exactly as they will for the server."""
+    test = shutil.which("test") or "/usr/bin/test"
+    return subprocess.run([test, "-x", str(path)], check=False, **_as_account(account)).returncode == 0
+
+
+# As root, PostgreSQL runs as an unprivileged account that must reach its cluster and binaries. We
+# never widen the caller's directories for it (an o+x on /root or a home lets every local account
+# probe paths inside). Instead the cluster lives in a root-owned directory that others may traverse
+# but not list, under /var/tmp (kept across reboots, unlike /tmp on many systems), and the data
+# directory keeps a symlink `pgdata` to it: the record of where its cluster is.
+_SHARED_NAME = "dtask-postgres"
+
+
+def _shared_root() -> pathlib.Path:
+    base = pathlib.Path("/var/tmp")
+    root = (base if base.is_dir() else pathlib.Path(tempfile.gettempdir())) / _SHARED_NAME
+    with contextlib.suppress(FileExistsError):
+        root.mkdir(mode=0o711)
+    info = root.lstat()
+    # The parent is world-writable: use the directory only if nobody but root can have planted it.
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o022:
+        raise EmbeddedServerError(f"{root} must be a directory owned by root and writable by root only")
+    root.chmod(0o711)
+    return root
+
+
+def _is_shared_cluster(pgdata: pathlib.Path) -> bool:
+    return pgdata.name == "pgdata" and pgdata.parent.parent.name == _SHARED_NAME
+
+
+def _server_alive(pgdata: pathlib.Path) -> bool:
+    lines = _read_postmaster_pid(pgdata)
+    return lines is not None and _postmaster_alive(int(lines[0]), pgdata)
+
+
+def _collect_orphans(root: pathlib.Path) -> None:
+    """Delete clusters whose data directory no longer points at them: deleting the data directory
+    is how people reset dev data, and the cluster outside it must not outlive it."""
+    for owner_file in root.glob("cluster-*/owner"):
+        cluster = owner_file.parent
+        link = pathlib.Path(owner_file.read_text().strip()) / "pgdata"
+        with contextlib.suppress(OSError):
+            if pathlib.Path(os.readlink(link)) == cluster / "pgdata":
+                continue
+        if not _server_alive(cluster / "pgdata"):
+            log.info("removing %s: its data directory is gone", cluster)
+            shutil.rmtree(cluster, ignore_errors=True)
+
+
+def _cluster_dir(data_dir: pathlib.Path, account: pwd.struct_passwd) -> pathlib.Path:
+    """The pgdata of ``data_dir``'s cluster, in a place ``account`` can reach (we are root)."""
+    link = data_dir / "pgdata"
+    if link.is_symlink():
+        target = pathlib.Path(os.readlink(link))
+        if _is_shared_cluster(target):
+            # /var/tmp may have been cleaned: the cluster starts afresh where it was.
+            target.parent.mkdir(mode=0o711, exist_ok=True)
+            (target.parent / "owner").write_text(f"{data_dir}\n")
+            return target
+    if link.exists():
+        # A cluster made in place (by an earlier release, or moved there by the user): use it as is.
+        if not _account_can_reach(account, link):
+            raise EmbeddedServerError(
+                f"{link} is out of reach of the {account.pw_name!r} account that runs PostgreSQL as root; "
+                "delete it to start a fresh cluster, or move the data directory"
+            )
+        return link
+    root = _shared_root()
+    _collect_orphans(root)
+    cluster = pathlib.Path(tempfile.mkdtemp(prefix="cluster-", dir=root))
+    cluster.chmod(0o711)
+    link.symlink_to(cluster / "pgdata")
+    # Written after the link, so the orphan collector never mistakes a cluster being made for one.
+    (cluster / "owner").write_text(f"{data_dir}\n")
+    return cluster / "pgdata"
+
+
+def _open_to_others(tree: pathlib.Path) -> None:
+    for path in (tree, *tree.rglob("*")):
+        if path.is_symlink():
+            continue
+        mode = stat.S_IMODE(path.stat().st_mode)
+        executable = path.is_dir() or mode & stat.S_IXUSR
+        path.chmod(mode | stat.S_IRGRP | stat.S_IROTH | (stat.S_IXGRP | stat.S_IXOTH if executable else 0))
+
+
+def _reachable_bin_dir(account: pwd.struct_passwd, bin_dir: pathlib.Path) -> pathlib.Path:
+    """``bin_dir`` if ``account`` can run its programs, else a copy of the whole PostgreSQL install
+    (about 40 MB, made once per install) in the shared directory: a venv under /root stays closed."""
+    if _account_can_reach(account, bin_dir / "postgres"):
+        return bin_dir
+    install = bin_dir.parent
+    stamp = f"{install}:{(bin_dir / 'postgres').stat().st_mtime_ns}"
+    root = _shared_root()
+    copy = root / f"bin-{install.name}-{hashlib.sha256(stamp.encode()).hexdigest()[:12]}"
+    if not copy.exists():
+        staging = pathlib.Path(tempfile.mkdtemp(prefix=".copy-", dir=root))
+        try:
+            shutil.copytree(install, staging / "install", symlinks=True)
+            _open_to_others(staging / "install")
+            with contextlib.suppress(OSError):  # another process may have won the race: use its copy
+                (staging / "install").rename(copy)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return copy / bin_dir.relative_to(install)
 
 
 def _read_postmaster_pid(pgdata: pathlib.Path) -> list[str] | None:
@@ -198,12 +329,17 @@ class EmbeddedPostgres:
     The cluster survives restarts (same data, and the same port when it is still free). A server
     left running on the directory (by a process that died without ``stop()``, or by another process
     using the same directory) is adopted rather than fought over; ``stop()`` then stops it too.
+    As root, ``data_dir/pgdata`` is a symlink to the cluster (see ``_cluster_dir``).
     """
 
-    def __init__(self, data_dir: pathlib.Path) -> None:
+    def __init__(
+        self, data_dir: pathlib.Path, port: int | None = None, *, log_path: pathlib.Path | None = None
+    ) -> None:
         self.data_dir = pathlib.Path(data_dir).absolute()
+        # Once it has served, a restart (by a supervisor) insists on the same port: its clients know it.
+        self.port = port
         self.pgdata = self.data_dir / "pgdata"
-        self.log_path = self.data_dir / "postgres.log"
+        self.log_path = log_path or self.data_dir / "postgres.log"
         self._port_file = self.data_dir / "postgres.port"
         self._proc: subprocess.Popen[bytes] | None = None
         self._adopted_pid: int | None = None
@@ -217,16 +353,18 @@ class EmbeddedPostgres:
         if self._url is not None:
             return self._url
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         account = _service_account()
-        bin_dir = self._bin_dir()
-        if account is not None:
-            _allow_traversal(self.pgdata)
-            _allow_traversal(bin_dir)
 
         # Serialises initdb and start with another process (say `dtask dev` and a test run) using
         # the same directory: the loser then adopts the winner's server instead of failing.
         with (self.data_dir / "postgres.lock").open("a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            if account is not None:
+                self.pgdata = _cluster_dir(self.data_dir, account)
+            bin_dir = self._bin_dir()
+            if account is not None:
+                bin_dir = _reachable_bin_dir(account, bin_dir)
             adopted = self._adopt_running()
             if adopted is not None:
                 self._adopted_pid, port = adopted
@@ -239,6 +377,7 @@ class EmbeddedPostgres:
                 (self.pgdata / "postmaster.pid").unlink(missing_ok=True)
                 port = self._spawn(bin_dir, account)
             self._port_file.write_text(f"{port}\n")
+        self.port = port
         self._url = f"postgresql+asyncpg://{_PG_USER}@{_HOST}:{port}/postgres"
         atexit.register(self.stop)
         return self._url
@@ -254,6 +393,25 @@ class EmbeddedPostgres:
         if self._adopted_pid is not None:
             self._stop_adopted(self._adopted_pid)
             self._adopted_pid = None
+
+    def destroy(self) -> None:
+        """Stop the server and delete its cluster, wherever it lives (tests, throw-away clusters)."""
+        self.stop()
+        link = self.data_dir / "pgdata"
+        if link.is_symlink():
+            target = pathlib.Path(os.readlink(link))
+            link.unlink()
+            if _is_shared_cluster(target):
+                shutil.rmtree(target.parent, ignore_errors=True)
+        else:
+            shutil.rmtree(link, ignore_errors=True)
+        self.pgdata = link
+
+    def exit_reason(self) -> str | None:
+        """None while the server runs, else how it ended (for a supervisor)."""
+        if self._adopted_pid is not None:
+            return None if _postmaster_alive(self._adopted_pid, self.pgdata) else "has stopped"
+        return _exit_reason(self._proc)
 
     def __enter__(self) -> Self:
         self.start()
@@ -279,12 +437,6 @@ class EmbeddedPostgres:
             return dirs[major]
         return dirs[max(dirs)]
 
-    @staticmethod
-    def _as_account(account: pwd.struct_passwd | None) -> dict[str, Any]:
-        if account is None:
-            return {}
-        return {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
-
     def _initdb(self, bin_dir: pathlib.Path, account: pwd.struct_passwd | None) -> None:
         self.pgdata.mkdir(mode=0o700, exist_ok=True)
         if account is not None:
@@ -301,7 +453,7 @@ class EmbeddedPostgres:
         log_offset = _log_size(self.log_path)
         with self.log_path.open("ab") as log_file:
             result = subprocess.run(
-                cmd, stdout=log_file, stderr=subprocess.STDOUT, check=False, **self._as_account(account)
+                cmd, stdout=log_file, stderr=subprocess.STDOUT, check=False, **_as_account(account)
             )
         if result.returncode != 0:
             # A half-initialised directory would make every later start fail the same confusing way.
@@ -309,17 +461,18 @@ class EmbeddedPostgres:
             raise EmbeddedServerError(f"initdb failed:\n{_log_tail(self.log_path, log_offset)}")
 
     def _candidate_ports(self) -> Iterator[int]:
+        if self.port is not None:
+            yield self.port
+            return
         with contextlib.suppress(OSError, ValueError):
             previous = int(self._port_file.read_text().strip())
-            if _port_is_free(previous):
+            if port_is_free(previous):
                 yield previous
         while True:
             yield free_port()
 
     def _spawn(self, bin_dir: pathlib.Path, account: pwd.struct_passwd | None) -> int:
-        ports = self._candidate_ports()
-        for _ in range(_PORT_ATTEMPTS):
-            port = next(ports)
+        for port in itertools.islice(self._candidate_ports(), _PORT_ATTEMPTS):
             cmd = [
                 str(bin_dir / "postgres"),
                 "-D", str(self.pgdata),
@@ -341,7 +494,7 @@ class EmbeddedPostgres:
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    **self._as_account(account),
+                    **_as_account(account),
                 )
             finally:
                 log_file.close()
@@ -353,6 +506,8 @@ class EmbeddedPostgres:
                 log.info("port %s was taken before PostgreSQL bound it; trying another", port)
                 continue
             raise EmbeddedServerError(f"PostgreSQL did not start:\n{tail}")
+        if self.port is not None:
+            raise EmbeddedServerError(f"PostgreSQL could not bind port {self.port}: it is taken")
         raise EmbeddedServerError(f"PostgreSQL found no free port in {_PORT_ATTEMPTS} attempts")
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], port: int, log_offset: int) -> bool:
@@ -445,10 +600,12 @@ class EmbeddedRedis:
     intents, so a restart loses nothing that matters.
     """
 
-    def __init__(self, data_dir: pathlib.Path, port: int | None = None) -> None:
+    def __init__(
+        self, data_dir: pathlib.Path, port: int | None = None, *, log_path: pathlib.Path | None = None
+    ) -> None:
         self.data_dir = pathlib.Path(data_dir).absolute()
         self.port = port
-        self.log_path = self.data_dir / "redis.log"
+        self.log_path = log_path or self.data_dir / "redis.log"
         self._proc: subprocess.Popen[bytes] | None = None
         self._url: str | None = None
 
@@ -460,6 +617,7 @@ class EmbeddedRedis:
         if self._url is not None:
             return self._url
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         exe = _redis_executable()
         attempts = 1 if self.port is not None else _PORT_ATTEMPTS
         for _ in range(attempts):
@@ -491,7 +649,7 @@ class EmbeddedRedis:
                 return self._url
             tail = _log_tail(self.log_path, log_offset)
             # A chosen port can be lost to another process between free_port() and our bind.
-            if self.port is None and ("Address already in use" in tail or not _port_is_free(port)):
+            if self.port is None and ("Address already in use" in tail or not port_is_free(port)):
                 continue
             raise EmbeddedServerError(f"redis-server did not start on port {port}:\n{tail}")
         raise EmbeddedServerError(f"redis-server found no free port in {_PORT_ATTEMPTS} attempts")
@@ -521,6 +679,10 @@ class EmbeddedRedis:
         if self._proc is not None:
             _terminate(self._proc, (signal.SIGTERM, _REDIS_STOP_TIMEOUT))
             self._proc = None
+
+    def exit_reason(self) -> str | None:
+        """None while the server runs, else how it ended (for a supervisor)."""
+        return _exit_reason(self._proc)
 
     def __enter__(self) -> Self:
         self.start()

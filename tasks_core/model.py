@@ -101,6 +101,13 @@ Index(
     tasks.c.id,
     postgresql_where=text("status = 'pending'"),
 )
+# Pending tasks with no message in flight, oldest first: what the relay hands free slots to.
+Index(
+    "ix_tasks_unpublished",
+    tasks.c.created_at,
+    tasks.c.id,
+    postgresql_where=text("status = 'pending' AND last_published_at IS NULL"),
+)
 # Capacity counts and the reconciler's expired-lease scan.
 Index(
     "ix_tasks_running_lease",
@@ -144,6 +151,18 @@ task_attempts = Table(
     Column("detail", Text, nullable=True),
 )
 Index("ix_task_attempts_task", task_attempts.c.task_id, task_attempts.c.attempt)
+
+# Capacity (I5) as rows: a claim takes a free slot below DTASK_CAPACITY (FOR UPDATE SKIP LOCKED) in
+# the same statement that marks its task running, and the terminal statement gives it back. Claimers
+# never wait on each other, and two of them can never hold one slot. Rows are added up to the
+# configured capacity on demand; lowering the capacity takes effect as running tasks finish.
+task_slots = Table(
+    "task_slots",
+    metadata,
+    Column("slot", Integer, primary_key=True, autoincrement=False),
+    Column("task_id", UUID(as_uuid=True), nullable=True, unique=True),
+    Column("token", UUID(as_uuid=True), nullable=True),
+)
 
 # Idempotent submission: a retried request with the same Idempotency-Key (per owner) gets the
 # task(s) the first one created. The row commits in the same transaction as those tasks, so a

@@ -1,6 +1,7 @@
-"""Publisher duty (scheduled by beat, run by a worker): re-publish pending intents that have not
-been published recently, oldest first, in bounded batches; fail closed pending tasks whose type or
-version this deployment can no longer run. Safe to run twice at once (SKIP LOCKED)."""
+"""Publisher duty (scheduled by beat, run by a worker): publish pending intents with no message in
+flight and re-publish those sent longer ago than DTASK_PUBLISH_SECONDS (their message may be lost),
+oldest first, as far as capacity can take them; fail closed pending tasks whose type or version
+this deployment can no longer run. Safe to run twice at once (SKIP LOCKED)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ async def publish_pending(services: Services) -> PublishReport:
     failed = await services.repo.fail_unrunnable_pending(services.registry, batch=s.publish_batch)
     ids = await services.repo.claim_for_publish(
         services.registry,
+        capacity=s.capacity,
+        ahead=s.ahead,
+        window=s.publish_seconds,
         limit=s.publish_batch,
         republish_after=s.publish_seconds,
         owner_max_running=s.owner_max_running,

@@ -1,10 +1,12 @@
-"""Relay: when a slot frees, publish about that many of the oldest pending intents at once, so
-normal capacity turnover never waits for the periodic publisher."""
+"""Relay: hand free capacity to the oldest pending tasks that have no message in flight, at once,
+so normal capacity turnover never waits for the periodic publisher. Runs after every terminal
+write, after a refused claim, after the reconciler freed slots, and after each submission."""
 
 from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import dataclass, field
 
 from tasks_core import metrics
 from tasks_core.services import Services
@@ -12,18 +14,26 @@ from tasks_core.services import Services
 log = logging.getLogger(__name__)
 
 
-async def relay(services: Services) -> int:
-    free = await services.repo.free_slots(services.settings.capacity)
-    if free == 0:
-        return 0
+@dataclass
+class Relayed:
+    ids: list[uuid.UUID] = field(default_factory=list)  # the ids sent
+    error: str | None = None  # the publish failed: these ids stay pending, marked for re-sending
+
+
+async def relay(services: Services, *, by: str = "relay") -> Relayed:
+    """Publish what capacity can take now (see TaskRepository.claim_for_publish)."""
+    s = services.settings
     ids = await services.repo.claim_for_publish(
         services.registry,
-        limit=free,
+        capacity=s.capacity,
+        ahead=s.ahead,
+        window=s.publish_seconds,
+        limit=s.publish_batch,
         republish_after=None,
-        owner_max_running=services.settings.owner_max_running,
+        owner_max_running=s.owner_max_running,
     )
-    error = await publish_ids(services, ids, by="relay")
-    return 0 if error else len(ids)
+    error = await publish_ids(services, ids, by=by)
+    return Relayed([] if error else ids, error)
 
 
 async def publish_ids(services: Services, ids: list[uuid.UUID], *, by: str) -> str | None:

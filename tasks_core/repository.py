@@ -31,9 +31,6 @@ log = logging.getLogger(__name__)
 
 NOW = "coalesce(CAST(:now AS timestamptz), clock_timestamp())"
 OWNED = f"attempt_token = :tok AND status = 'running' AND lease_expires_at > {NOW}"
-# Serializes claimers so the running count they read cannot be stale (I5). Any constant works;
-# this one spells "dtaskcap".
-CAPACITY_LOCK = 0x6474_6173_6B63_6170
 # SQLSTATE lock_not_available: raised when lock_timeout expires.
 LOCK_NOT_AVAILABLE = "55P03"
 ACTIVE_SQL = "('pending', 'running')"
@@ -45,6 +42,96 @@ OWNER_UNDER_LIMIT = """(CAST(:omax AS int) IS NULL OR tasks.owner IS NULL
        < CAST(:omax AS int))"""
 # An Idempotency-Key answers retries for this long (design §8: 24 h).
 IDEMPOTENCY_TTL_SECONDS = 24 * 3600
+# The claim, in one statement: a free slot below the capacity (skipping slots other claimers hold),
+# the task marked running under the new token only if it is still pending, wanted, due and of a
+# runnable type and version (and, on the locked path, under its type's cap and owner's limit), the
+# slot taken, the attempt recorded. No slot, or no longer pending: nothing changes.
+CLAIM_SQL = text(
+    f"""WITH slot AS (
+        SELECT slot FROM task_slots WHERE slot < :cap AND task_id IS NULL
+        ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED),
+    claimed AS (
+        UPDATE tasks SET status = 'running', attempt_token = :tok, attempt_count = attempt_count + 1,
+               lease_expires_at = {NOW} + make_interval(secs => :lease), heartbeat_at = {NOW},
+               started_at = coalesce(started_at, {NOW}), not_before = NULL
+        WHERE id = :id AND status = 'pending' AND cancel_requested_at IS NULL
+          AND (not_before IS NULL OR not_before <= {NOW})
+          AND (task_type, handler_version) IN (
+              SELECT * FROM unnest(CAST(:types AS text[]), CAST(:versions AS int[])))
+          AND EXISTS (SELECT 1 FROM slot)
+          AND NOT EXISTS (
+              SELECT 1 FROM unnest(CAST(:ctypes AS text[]), CAST(:ccaps AS int[])) AS c(task_type, cap)
+              WHERE c.task_type = tasks.task_type
+                AND (SELECT count(*) FROM tasks mine WHERE mine.status = 'running'
+                     AND mine.task_type = c.task_type) >= c.cap)
+          AND {OWNER_UNDER_LIMIT}
+        RETURNING *),
+    taken AS (
+        UPDATE task_slots SET task_id = claimed.id, token = claimed.attempt_token
+        FROM slot, claimed WHERE task_slots.slot = slot.slot),
+    attempt AS (
+        INSERT INTO task_attempts (task_id, attempt, token, worker, claimed_at)
+        SELECT id, attempt_count, attempt_token, :worker, heartbeat_at FROM claimed)
+    SELECT * FROM claimed"""
+)
+# The owner's terminal statement: fenced like every owner write; cancel intent turns a success into
+# `cancelled`; the attempt is recorded as ended and the capacity slot given back in the same statement
+# (the status change also frees the dedupe key).
+FINISH_SQL = text(
+    f"""WITH prior AS (
+        SELECT id, lease_expires_at FROM tasks WHERE id = :id AND {OWNED} FOR UPDATE),
+    done AS (
+        UPDATE tasks SET
+            status = CASE WHEN :status = 'success' AND cancel_requested_at IS NOT NULL
+                          THEN 'cancelled' ELSE :status END,
+            result = CASE WHEN :status = 'success' AND cancel_requested_at IS NULL
+                          THEN CAST(:result AS jsonb) END,
+            error = CASE WHEN :status = 'success' AND cancel_requested_at IS NOT NULL
+                         THEN CAST(:cancelled AS jsonb) ELSE CAST(:error AS jsonb) END,
+            progress = CASE WHEN :status = 'success' AND cancel_requested_at IS NULL THEN 100
+                            ELSE progress END,
+            finished_at = {NOW}, attempt_token = NULL, lease_expires_at = NULL
+        FROM prior WHERE tasks.id = prior.id
+        RETURNING tasks.*, prior.lease_expires_at AS lease_was),
+    ended AS (
+        UPDATE task_attempts SET ended_at = {NOW}, detail = :detail,
+               outcome = CASE WHEN done.status = 'cancelled' AND :status = 'success'
+                              THEN 'cancelled' ELSE :outcome END
+        FROM done WHERE task_attempts.token = :tok AND task_attempts.ended_at IS NULL),
+    freed AS (
+        UPDATE task_slots SET task_id = NULL, token = NULL FROM done WHERE task_slots.task_id = done.id)
+    SELECT * FROM done"""
+)
+# What the relay, the publisher and a submission send, in one statement (see claim_for_publish).
+PUBLISH_DUE_SQL = text(
+    f"""WITH budget AS (
+        SELECT CASE WHEN CAST(:cap AS int) IS NULL THEN CAST(:limit AS int) ELSE
+            CAST(:cap AS int) + CAST(:ahead AS int)
+            - (SELECT count(*) FROM task_slots WHERE task_id IS NOT NULL)
+            - (SELECT count(*) FROM (
+                  SELECT 1 FROM tasks WHERE status = 'pending'
+                    AND last_published_at > {NOW} - make_interval(secs => :window)
+                  LIMIT CAST(:cap AS int) + CAST(:ahead AS int)) flight) END AS n),
+    due AS (
+        SELECT id FROM tasks
+        WHERE status = 'pending' AND cancel_requested_at IS NULL
+          AND (not_before IS NULL OR not_before <= {NOW})
+          AND (last_published_at IS NULL OR (CAST(:after AS float8) IS NOT NULL
+               AND last_published_at < {NOW} - make_interval(secs => :after)))
+          AND (task_type, handler_version) IN (
+              SELECT * FROM unnest(CAST(:types AS text[]), CAST(:versions AS int[])))
+          AND {OWNER_UNDER_LIMIT}
+        ORDER BY created_at, id
+        LIMIT least(CAST(:limit AS int), greatest(0, (SELECT n FROM budget)))
+        FOR UPDATE SKIP LOCKED)
+    UPDATE tasks t SET last_published_at = {NOW}, publish_error = NULL
+    FROM due WHERE t.id = due.id
+    RETURNING t.id, t.created_at"""
+)
+FREE_SLOT_SQL = text("UPDATE task_slots SET task_id = NULL, token = NULL WHERE task_id = :id")
+# A refused message was acknowledged and dropped, so none is in flight for the task any more:
+# clear its publication stamp, and the relay (when a slot frees) or the publisher re-sends it.
+UNPUBLISH_SQL = text("UPDATE tasks SET last_published_at = NULL WHERE id = :id AND status = 'pending'")
 # waiting_reason counts at most this many older pending tasks of the same owner.
 WAITING_COUNT_CAP = 1000
 
@@ -108,6 +195,9 @@ class ReconcileReport:
     # Pending rows stranded with cancel intent (nothing would ever claim or publish them).
     cancelled: int = 0
     hook_errors: int = 0
+    # Capacity slots held for a task that is no longer running under that token (only a change
+    # made outside the runtime can leave one: every write that ends an attempt frees its slot).
+    slots_freed: int = 0
     errors: list[str] = field(default_factory=list)
 
 
@@ -129,10 +219,22 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
         raise ValueError("malformed cursor") from exc
 
 
+def _runnable_arrays(registry: RunnableSource) -> dict[str, list[Any]]:
+    specs = registry.specs()  # type: ignore[attr-defined]
+    return {"types": [s.task_type for s in specs], "versions": [s.version for s in specs]}
+
+
+def _type_caps(registry: RunnableSource) -> dict[str, list[Any]]:
+    capped = [s for s in registry.specs() if s.concurrency is not None]  # type: ignore[attr-defined]
+    return {"ctypes": [s.task_type for s in capped], "ccaps": [s.concurrency for s in capped]}
+
+
 class TaskRepository:
     def __init__(self, engine: AsyncEngine, *, now: datetime | None = None) -> None:
         self.engine = engine
+        self._auto = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.now = now
+        self._slots = 0  # capacity slots known to exist
 
     def _p(self, **params: Any) -> dict[str, Any]:
         return {"now": self.now, **params}
@@ -142,9 +244,9 @@ class TaskRepository:
     async def insert(self, conn: AsyncConnection, new: NewTask) -> Inserted:
         """Insert a pending task in the caller's transaction (domain rows may share it).
 
-        It is stamped as published at once: the id is sent right after commit, and a claim refused
-        before the sender could stamp it would otherwise have its "message dropped" mark
-        overwritten, leaving a task no relay would ever re-send.
+        It has no message yet (``last_published_at`` NULL): after commit the submitter publishes
+        what capacity can take, stamping each row before its id is sent (claim_for_publish), so a
+        refused claim's "message dropped" mark can never be overwritten by a late stamp.
         """
         for _ in range(5):
             task_id = uuid.uuid4()
@@ -152,9 +254,9 @@ class TaskRepository:
                 await conn.execute(
                     text(
                         f"""INSERT INTO tasks (id, task_type, handler_version, payload, owner, status,
-                               dedupe_key, timeout_seconds, created_at, last_published_at)
+                               dedupe_key, timeout_seconds, created_at)
                         VALUES (:id, :tt, :hv, CAST(:payload AS jsonb), :owner, 'pending', :dk, :timeout,
-                                {NOW}, {NOW})
+                                {NOW})
                         ON CONFLICT (owner, task_type, dedupe_key)
                             WHERE status IN {ACTIVE_SQL} AND dedupe_key IS NOT NULL
                         DO NOTHING RETURNING id"""
@@ -292,149 +394,126 @@ class TaskRepository:
     ) -> Claim | str:
         """Atomically move a pending task to running under a fresh token; else the refusal reason.
 
-        Claimers queue on the capacity lock for at most ``lock_wait_seconds``: if its holder
-        stalls, the claim is refused (``capacity_busy``) and the task re-sent later, so no worker
-        process blocks behind a paused peer.
+        One statement takes a free capacity slot (SKIP LOCKED: claimers never wait on each other),
+        marks the task running and records the attempt. Only where a per-type cap or a per-owner
+        limit applies does the claim first take that type's / owner's lock, for at most
+        ``lock_wait_seconds`` (``capacity_busy`` past it: the task is re-sent later).
         """
+        await self._ensure_slots(capacity)
+        caps = _type_caps(registry)
+        params = self._p(
+            id=task_id, tok=uuid.uuid4(), lease=lease_seconds, worker=worker, cap=capacity,
+            omax=owner_max_running, **_runnable_arrays(registry), **caps,
+        )
         try:
-            return await self._claim(
-                task_id, registry, capacity, lease_seconds, worker, lock_wait_seconds, owner_max_running
-            )
+            if not caps["ctypes"] and owner_max_running is None:
+                async with self._autocommit() as conn:
+                    claimed = (await conn.execute(CLAIM_SQL, params)).mappings().first()
+            else:
+                claimed = await self._claim_under_locks(task_id, params, lock_wait_seconds)
         except DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
                 raise
-        await self.message_dropped(task_id)
-        return "capacity_busy"
+            await self.message_dropped(task_id)
+            return "capacity_busy"
+        if claimed is None:
+            reason = await self._refusal(task_id, registry, capacity, owner_max_running)
+            if reason != "slots_missing":
+                return reason
+            # Slot rows were removed behind our back (a truncated table): add them, claim again.
+            self._slots = 0
+            return await self.claim(
+                task_id, registry, capacity=capacity, lease_seconds=lease_seconds, worker=worker,
+                lock_wait_seconds=lock_wait_seconds, owner_max_running=owner_max_running,
+            )
+        task = dict(claimed)
+        return Claim(task=task, token=task["attempt_token"], attempt=task["attempt_count"])
 
-    async def message_dropped(self, task_id: uuid.UUID) -> None:
-        """A message for this task was acknowledged without a claim: mark it for re-sending."""
-        async with self.engine.begin() as conn:
-            await self._mark_unpublished(conn, task_id)
-
-    async def _mark_unpublished(self, conn: AsyncConnection, task_id: uuid.UUID) -> None:
-        # The refused message is acknowledged and dropped, so none is in flight for the task any
-        # more: clear the publication stamp and the relay (when a slot frees) or publisher re-sends it.
-        await conn.execute(
-            text("UPDATE tasks SET last_published_at = NULL WHERE id = :id AND status = 'pending'"),
-            {"id": task_id},
-        )
-
-    async def _claim(
-        self,
-        task_id: uuid.UUID,
-        registry: RunnableSource,
-        capacity: int,
-        lease_seconds: float,
-        worker: str | None,
-        lock_wait_seconds: float,
-        owner_max_running: int | None,
-    ) -> Claim | str:
+    async def _claim_under_locks(
+        self, task_id: uuid.UUID, params: dict[str, Any], lock_wait_seconds: float
+    ) -> Row | None:
+        # Per-type and per-owner counts must be read after the lock that serialises their claimers
+        # (a statement's snapshot is taken when it starts), so this path is a short transaction.
         async with self.engine.begin() as conn:
             row = (
-                (
-                    await conn.execute(
-                        text("SELECT task_type, handler_version, status FROM tasks WHERE id = :id"),
-                        {"id": task_id},
-                    )
-                )
-                .mappings()
-                .first()
-            )
+                await conn.execute(text("SELECT task_type, owner FROM tasks WHERE id = :id"), {"id": task_id})
+            ).first()
             if row is None:
-                return "unknown_task"
-            if row["status"] != Status.PENDING:
-                return f"not_pending:{row['status']}"
-            spec = registry.runnable(row["task_type"], row["handler_version"])
-            if spec is None:
-                return "not_runnable"
-            type_cap = spec.concurrency
+                return None
             await conn.execute(
                 text("SELECT set_config('lock_timeout', :ms, true)"),
                 {"ms": f"{max(1, int(lock_wait_seconds * 1000))}ms"},
             )
-            # A separate statement: it must take its snapshot *after* the lock is granted.
-            await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CAPACITY_LOCK})
-            token = uuid.uuid4()
-            claimed = (
-                (
-                    await conn.execute(
-                        text(
-                            f"""UPDATE tasks SET status = 'running', attempt_token = :tok,
-                               attempt_count = attempt_count + 1,
-                               lease_expires_at = {NOW} + make_interval(secs => :lease),
-                               heartbeat_at = {NOW}, started_at = coalesce(started_at, {NOW}),
-                               not_before = NULL
-                        WHERE id = :id AND status = 'pending' AND cancel_requested_at IS NULL
-                          AND (not_before IS NULL OR not_before <= {NOW})
-                          AND task_type = :tt AND handler_version = :hv
-                          AND (SELECT count(*) FROM tasks WHERE status = 'running') < :cap
-                          AND (CAST(:tcap AS int) IS NULL OR (SELECT count(*) FROM tasks
-                               WHERE status = 'running' AND task_type = :tt) < CAST(:tcap AS int))
-                          AND {OWNER_UNDER_LIMIT}
-                        RETURNING *"""
-                        ),
-                        self._p(
-                            id=task_id,
-                            tok=token,
-                            lease=lease_seconds,
-                            tt=row["task_type"],
-                            hv=row["handler_version"],
-                            cap=capacity,
-                            tcap=type_cap,
-                            omax=owner_max_running,
-                        ),
-                    )
-                )
-                .mappings()
-                .first()
-            )
-            if claimed is None:
-                return await self._refusal(conn, task_id, owner_max_running)
-            await conn.execute(
-                text(
-                    """INSERT INTO task_attempts (task_id, attempt, token, worker, claimed_at)
-                    VALUES (:id, :n, :tok, :worker, :at)"""
-                ),
-                {
-                    "id": task_id,
-                    "n": claimed["attempt_count"],
-                    "tok": token,
-                    "worker": worker,
-                    "at": claimed["heartbeat_at"],
-                },
-            )
-            return Claim(task=dict(claimed), token=token, attempt=claimed["attempt_count"])
+            if row[0] in params["ctypes"]:
+                await conn.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"),
+                                   {"k": f"dtask-type:{row[0]}"})
+            if params["omax"] is not None and row[1] is not None:
+                await conn.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"),
+                                   {"k": f"dtask-owner:{row[1]}"})
+            claimed = (await conn.execute(CLAIM_SQL, params)).mappings().first()
+            return None if claimed is None else dict(claimed)
 
-    async def _refusal(self, conn: AsyncConnection, task_id: uuid.UUID, owner_max_running: int | None) -> str:
-        row = (
-            (
+    async def _ensure_slots(self, capacity: int) -> None:
+        if capacity > self._slots:
+            async with self._autocommit() as conn:
                 await conn.execute(
                     text(
-                        f"""SELECT status, cancel_requested_at IS NOT NULL AS cancel,
-                           not_before > {NOW} AS backoff, NOT {OWNER_UNDER_LIMIT} AS owner_full
-                    FROM tasks WHERE id = :id"""
+                        """INSERT INTO task_slots (slot) SELECT generate_series(0, :cap - 1)
+                        ON CONFLICT (slot) DO NOTHING"""
                     ),
-                    self._p(id=task_id, omax=owner_max_running),
+                    {"cap": capacity},
                 )
-            )
-            .mappings()
-            .first()
-        )
+            self._slots = capacity
+
+    def _autocommit(self) -> Any:
+        """A pooled connection without BEGIN/COMMIT round trips, for single-statement writes."""
+        return self._auto.connect()
+
+    async def message_dropped(self, task_id: uuid.UUID) -> None:
+        """A message for this task was acknowledged without a claim: mark it for re-sending."""
+        async with self._autocommit() as conn:
+            await conn.execute(UNPUBLISH_SQL, {"id": task_id})
+
+    async def _refusal(
+        self, task_id: uuid.UUID, registry: RunnableSource, capacity: int, owner_max_running: int | None
+    ) -> str:
+        """Why a claim took nothing; a pending task without cancel intent is marked for re-sending
+        (its message was dropped), in the same statement."""
+        async with self._autocommit() as conn:
+            row = (
+                await conn.execute(
+                    text(
+                        f"""WITH marked AS ({UNPUBLISH_SQL.text} AND cancel_requested_at IS NULL RETURNING id)
+                        SELECT status, cancel_requested_at IS NOT NULL AS cancel, task_type, handler_version,
+                               not_before > {NOW} AS backoff, NOT {OWNER_UNDER_LIMIT} AS owner_full,
+                               NOT EXISTS (SELECT 1 FROM task_slots WHERE slot < :cap AND task_id IS NULL)
+                                 AS full,
+                               (SELECT count(*) FROM task_slots WHERE slot < :cap) < :cap AS missing
+                        FROM tasks WHERE id = :id"""
+                    ),
+                    self._p(id=task_id, omax=owner_max_running, cap=capacity),
+                )
+            ).mappings().first()
         if row is None:
             return "unknown_task"
         if row["status"] != Status.PENDING:
             return f"not_pending:{row['status']}"
+        if registry.runnable(row["task_type"], row["handler_version"]) is None:
+            return "not_runnable"
         if row["cancel"]:
             return "cancel_requested"
-        await self._mark_unpublished(conn, task_id)
         if row["backoff"]:
             return "backoff"
-        return "owner_limit" if row["owner_full"] else "capacity_full"
+        if row["owner_full"]:
+            return "owner_limit"
+        if row["full"] and row["missing"] and self._slots:
+            return "slots_missing"
+        return "capacity_full"  # the cluster's, or the type's (TaskSpec.concurrency)
 
     # ---------------------------------------------------------------- owner writes
 
     async def heartbeat(self, task_id: uuid.UUID, token: uuid.UUID, lease_seconds: float) -> Heartbeat:
-        async with self.engine.begin() as conn:
+        async with self._autocommit() as conn:
             row = (
                 await conn.execute(
                     text(
@@ -450,7 +529,7 @@ class TaskRepository:
     async def report(
         self, task_id: uuid.UUID, token: uuid.UUID, progress: float | None, message: str | None
     ) -> bool:
-        async with self.engine.begin() as conn:
+        async with self._autocommit() as conn:
             result = await conn.execute(
                 text(
                     f"""UPDATE tasks SET progress = coalesce(CAST(:progress AS float8), progress),
@@ -486,14 +565,7 @@ class TaskRepository:
             yield conn, dict(row)
             # The row lock kept everyone else off the lease, so the value we locked still holds;
             # the block itself may have ended the lease (a terminal write clears it).
-            still = (
-                await conn.execute(
-                    text(f"SELECT CAST(:lease AS timestamptz) > {NOW}"),
-                    self._p(lease=row["lease_expires_at"]),
-                )
-            ).scalar()
-            if not still:
-                raise OwnershipLost(f"{task_id}: lease lapsed before commit")
+            await self._recheck_lease(conn, task_id, row["lease_expires_at"])
 
     async def finish(
         self,
@@ -505,33 +577,75 @@ class TaskRepository:
         result: Any = None,
         error: dict[str, str] | None = None,
         detail: str | None = None,
+        kind: tuple[str, int] | None = None,
     ) -> Status:
-        """The owner's terminal transaction: status, hook, dedupe release, attempt record.
+        """The owner's terminal write: status, attempt record, capacity slot and dedupe key given
+        back, in one fenced statement; then the type's hook, in the same transaction.
 
         Cancel intent beats a concurrent success. Raises OwnershipLost (nothing written) if the
         attempt no longer owns the task; a hook's exception rolls everything back and is raised as
-        HookFailed (a transient database error inside the hook as itself, to be retried).
+        HookFailed (a transient database error inside the hook as itself, to be retried). Once the
+        statement has ended the lease the row stays locked until commit, so no other attempt can
+        own the task while the hook runs.
         """
-        async with self.owning_transaction(task_id, token) as (conn, row):
-            if status == Status.SUCCESS and row["cancel_requested_at"] is not None:
-                status, result = Status.CANCELLED, None
-                error = {"code": "cancelled", "message": "cancel requested"}
-            # The attempt's outcome is the reason where there is one (timeout, handler_error, ...).
-            outcome = error["code"] if error else status.value
-            await self._terminal(
-                conn, row, status, result=result, error=error, outcome=outcome, detail=detail
+        outcome = error["code"] if error else status.value
+        params = self._p(
+            id=task_id, tok=token, status=status.value, outcome=outcome, detail=detail,
+            result=None if result is None else json.dumps(result),
+            error=None if error is None else json.dumps(error),
+            cancelled=json.dumps({"code": "cancelled", "message": "cancel requested"}),
+        )
+        hook = None
+        if hooks is not None:
+            # (type, version): given by the owner, who knows it; a row's type never changes.
+            task_type = kind or await self._task_type(task_id)
+            hook_kind = "success" if status == Status.SUCCESS else "failure"
+            hook = None if task_type is None else hooks.hook_for(task_type[0], task_type[1], hook_kind)
+        if hook is None:  # no hook: one round trip
+            async with self._autocommit() as conn:
+                row = (await conn.execute(FINISH_SQL, params)).mappings().first()
+            if row is None:
+                raise OwnershipLost(str(task_id))
+            return Status(row["status"])
+        async with self.engine.begin() as conn:
+            row = (await conn.execute(FINISH_SQL, params)).mappings().first()
+            if row is None:
+                raise OwnershipLost(str(task_id))
+            final = Status(row["status"])
+            # The hook sees the row as the ending attempt left it: its token, its final status.
+            task = {**row, "attempt_token": token}
+            final_hook = hook if (final == Status.SUCCESS) == (status == Status.SUCCESS) else (
+                hooks.hook_for(task["task_type"], task["handler_version"], "failure") if hooks else None
             )
-            if hooks is not None:
+            if final_hook is not None:
                 try:
-                    await self._run_hook(conn, hooks, row, status)
+                    await final_hook(conn, task, final.value)
                 except Exception as exc:
                     if is_transient(exc):
                         raise
-                    kind = "success" if status == Status.SUCCESS else "failure"
+                    which = "success" if final == Status.SUCCESS else "failure"
                     raise HookFailed(
-                        f"the {kind} hook of {row['task_type']} raised {type(exc).__name__}"
+                        f"the {which} hook of {task['task_type']} raised {type(exc).__name__}"
                     ) from exc
-        return status
+                # The hook wrote as the owner: commit only if the lease it ended still held.
+                await self._recheck_lease(conn, task_id, row["lease_was"])
+        return final
+
+    async def _recheck_lease(self, conn: AsyncConnection, task_id: uuid.UUID, lease: datetime) -> None:
+        still = (
+            await conn.execute(text(f"SELECT CAST(:lease AS timestamptz) > {NOW}"), self._p(lease=lease))
+        ).scalar()
+        if not still:
+            raise OwnershipLost(f"{task_id}: lease lapsed before commit")
+
+    async def _task_type(self, task_id: uuid.UUID) -> tuple[str, int] | None:
+        """(type, version): a row's type never changes, so this may be read before the write."""
+        async with self._auto.connect() as conn:
+            row = (
+                await conn.execute(text("SELECT task_type, handler_version FROM tasks WHERE id = :id"),
+                                   {"id": task_id})
+            ).first()
+        return None if row is None else (row[0], row[1])
 
     async def attempt_outcome(self, token: uuid.UUID) -> str | None:
         """The task status an ended attempt wrote (None while it has not ended, or never committed).
@@ -574,6 +688,7 @@ class TaskRepository:
         detail: str | None = None,
     ) -> None:
         await self._end_attempt(conn, row, outcome, detail)
+        await conn.execute(FREE_SLOT_SQL, {"id": row["id"]})
         await conn.execute(
             text(
                 f"""UPDATE tasks SET status = :status, finished_at = {NOW}, attempt_token = NULL,
@@ -605,6 +720,7 @@ class TaskRepository:
 
     async def _to_pending(self, conn: AsyncConnection, row: Row, *, outcome: str, delay: float) -> None:
         await self._end_attempt(conn, row, outcome)
+        await conn.execute(FREE_SLOT_SQL, {"id": row["id"]})
         await conn.execute(
             text(
                 f"""UPDATE tasks SET status = 'pending', attempt_token = NULL, lease_expires_at = NULL,
@@ -729,6 +845,17 @@ class TaskRepository:
         reconcilers never fight; a task whose convergence fails is skipped for the rest of the run.
         """
         report = ReconcileReport()
+        async with self._autocommit() as conn:
+            report.slots_freed = (
+                await conn.execute(
+                    text(
+                        """UPDATE task_slots s SET task_id = NULL, token = NULL
+                        WHERE s.task_id IS NOT NULL AND NOT EXISTS (
+                            SELECT 1 FROM tasks t WHERE t.id = s.task_id AND t.status = 'running'
+                              AND t.attempt_token = s.token)"""
+                    )
+                )
+            ).rowcount
         skip: list[uuid.UUID] = []
         for _ in range(batch):
             async with self.engine.begin() as conn:
@@ -873,51 +1000,32 @@ class TaskRepository:
         *,
         limit: int,
         republish_after: float | None,
+        capacity: int | None = None,
+        ahead: int = 0,
+        window: float = 60.0,
         owner_max_running: int | None = None,
     ) -> list[uuid.UUID]:
-        """Oldest runnable pending tasks due for (re)publication; stamps them as published.
+        """The oldest runnable pending tasks the cluster can take now, stamped as published.
 
-        Always due: tasks with no message in flight (never published, or their message was
-        dropped by a refused claim). With ``republish_after`` (the publisher) also tasks published
-        longer ago than that, whose message may be lost. The relay passes None: it must not wait
-        out the publisher interval, nor duplicate messages that are still queued.
+        The budget is what capacity can take: ``capacity + ahead`` minus the tasks running and
+        minus the messages in flight (pending tasks published within ``window``), so a thousand
+        submitted tasks put about capacity + ahead messages on the broker, not a thousand; each
+        slot freed later is handed on by the relay. Always due: tasks with no message in flight
+        (never sent, or their message was dropped by a refused claim). With ``republish_after``
+        (the publisher) also tasks sent longer ago than that, whose message may be lost. Without
+        ``capacity``, no budget: up to ``limit``.
         """
-        pairs = [(s.task_type, s.version) for s in registry.specs()]  # type: ignore[attr-defined]
-        async with self.engine.begin() as conn:
+        async with self._autocommit() as conn:
             ids = (
                 await conn.execute(
-                    text(
-                        f"""WITH due AS (
-                            SELECT id FROM tasks
-                            WHERE status = 'pending' AND cancel_requested_at IS NULL
-                              AND (not_before IS NULL OR not_before <= {NOW})
-                              AND (last_published_at IS NULL OR (CAST(:after AS float8) IS NOT NULL
-                                   AND last_published_at < {NOW} - make_interval(secs => :after)))
-                              AND (task_type, handler_version) IN (
-                                  SELECT * FROM unnest(CAST(:types AS text[]), CAST(:versions AS int[])))
-                              AND {OWNER_UNDER_LIMIT}
-                            ORDER BY created_at, id LIMIT :limit FOR UPDATE SKIP LOCKED)
-                        UPDATE tasks t SET last_published_at = {NOW}, publish_error = NULL
-                        FROM due WHERE t.id = due.id
-                        RETURNING t.id, t.created_at"""
-                    ),
+                    PUBLISH_DUE_SQL,
                     self._p(
-                        after=republish_after,
-                        limit=limit,
-                        omax=owner_max_running,
-                        types=[p[0] for p in pairs],
-                        versions=[p[1] for p in pairs],
+                        cap=capacity, ahead=ahead, window=window, after=republish_after, limit=limit,
+                        omax=owner_max_running, **_runnable_arrays(registry),
                     ),
                 )
             ).all()
         return [r[0] for r in sorted(ids, key=lambda r: (r[1], r[0]))]
-
-    async def free_slots(self, capacity: int) -> int:
-        async with self.engine.connect() as conn:
-            running = (
-                await conn.execute(text("SELECT count(*) FROM tasks WHERE status = 'running'"))
-            ).scalar()
-        return max(0, capacity - int(running or 0))
 
     # ---------------------------------------------------------------- reads
 
@@ -974,20 +1082,21 @@ class TaskRepository:
             )
         ahead = int(facts["ahead"])
         older = (
-            f"more than {WAITING_COUNT_CAP:,} of your older tasks"
+            f"more than {WAITING_COUNT_CAP:,} older tasks of yours"
             if ahead > WAITING_COUNT_CAP
-            else f"{ahead} of your older task{'s' if ahead != 1 else ''}"
+            else f"{ahead} older task{'s' if ahead != 1 else ''} of yours"
         )
+        behind = f", behind {older}" if ahead else ""
         if facts["backoff"]:
             return f"retry backoff until {row['not_before'].isoformat()}"
         if owner_max_running is not None and facts["mine_running"] >= owner_max_running:
             return f"your running limit is reached ({facts['mine_running']} of {owner_max_running})"
         if facts["running"] >= capacity:
-            return f"capacity full ({facts['running']} of {capacity} running)" + (
-                f", behind {older}" if ahead else ""
-            )
+            return f"capacity full ({facts['running']} of {capacity} running){behind}"
         if row["last_published_at"] is None:
-            return "not yet published"
+            # Capacity's worth of messages is already on the broker: this one is sent (by the
+            # relay) as soon as a slot frees.
+            return f"waiting for a free slot{behind}"
         if ahead:
             return f"behind {older}"
         return "waiting for a worker"

@@ -19,7 +19,6 @@ from typing import Any, cast
 
 from tasks_core import logs, metrics
 from tasks_core.context import TaskCancelled, TaskContext
-from tasks_core.db import is_transient
 from tasks_core.lease import DatabaseUnavailable, LeaseClock, retry_transient
 from tasks_core.model import Status
 from tasks_core.registry import TaskSpec
@@ -38,6 +37,10 @@ class ShutdownSignal:
 
     def set(self) -> None:
         self.event.set()
+
+
+# How long a claim is retried through a database blink before its message is dropped.
+CLAIM_RETRY_SECONDS = 2.0
 
 
 class HandlerUnresponsive(Exception):
@@ -74,9 +77,12 @@ async def run_task(services: Services, raw_id: object, shutdown: ShutdownSignal 
         await services.repo.message_dropped(task_id)
         return RunOutcome(False, "worker_shutting_down")
     s = services.settings
-    sent = time.monotonic()
-    try:
-        claim = await services.repo.claim(
+    first = sent = time.monotonic()
+
+    async def take() -> Claim | str:
+        nonlocal sent
+        sent = time.monotonic()
+        return await services.repo.claim(
             task_id,
             services.registry,
             capacity=s.capacity,
@@ -85,12 +91,15 @@ async def run_task(services: Services, raw_id: object, shutdown: ShutdownSignal 
             lock_wait_seconds=min(2.0, s.heartbeat_seconds),
             owner_max_running=s.owner_max_running,
         )
-    except Exception as exc:
-        if not is_transient(exc):
-            raise
-        # Nothing is lost: the row is still pending (the publisher re-sends it), or the claim
-        # committed unseen and its lease lapses into the reconciler's hands.
-        log.warning("task %s not claimed: database unavailable (%s)", task_id, type(exc).__name__)
+
+    try:
+        # A broken pooled connection (a restarted server, a terminated backend) is replaced by the
+        # retry. If the claim did commit before its answer was lost, the retry finds the task
+        # running and the unseen attempt's lease lapses into the reconciler's hands.
+        claim = await retry_transient(take, lambda: first + CLAIM_RETRY_SECONDS, f"claim of {task_id}")
+    except DatabaseUnavailable as exc:
+        # Nothing is lost: the row is still pending and the publisher re-sends it.
+        log.warning("task %s not claimed: database unavailable (%s)", task_id, exc)
         metrics.CLAIM_REFUSED.labels(reason="database_unavailable").inc()
         return RunOutcome(False, "database_unavailable")
     if isinstance(claim, str):
@@ -349,7 +358,7 @@ class Execution:
             final = await retry_transient(
                 lambda: self.repo.finish(
                     self.task_id, self.token, registry, status=status, result=result, error=error,
-                    detail=detail,
+                    detail=detail, kind=(self.spec.task_type, self.spec.version),
                 ),
                 lambda: self.lease.deadline,
                 f"terminal write of {self.task_id}",

@@ -52,6 +52,7 @@ def build_services(
     pool_size: int = 5,
     extra: dict[str, Any] | None = None,
     statement_seconds: float | None = None,
+    pre_ping: bool = True,
 ) -> Services:
     """The engine's statements get ``statement_seconds`` each (default: a lease — no statement of
     ours may outlast one: an owning transaction that long has lost its lease anyway)."""
@@ -66,6 +67,7 @@ def build_services(
         idle_in_transaction_seconds=settings.lease_seconds,
         statement_seconds=deadline,
         connect_seconds=min(5.0, deadline),
+        pre_ping=pre_ping,
     )
     return Services(
         settings=settings,

@@ -16,17 +16,24 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DTASK_", env_file=".env", extra="ignore")
 
-    # Unset means "not configured": `dtask dev` then starts embedded servers; every other
-    # command refuses to start rather than guess where the data lives.
+    # `postgresql+asyncpg://user:password@host/db` (`postgresql://` means the same). Unset means
+    # "not configured": `dtask dev` then starts embedded servers; every other command refuses to
+    # start rather than guess where the data lives.
     database_url: str | None = None
+    # `redis://host:6379/0`: the transport of task ids. Unset: as for the database, no guessing.
     broker_url: str | None = None
     # Readiness facts live here; defaults to the broker.
     redis_url: str | None = None
 
+    # Milvus server URI (`http://host:19530`) for the knowledge domain.
     milvus_uri: str | None = None
+    # S3-compatible object store (`host:9000`) for uploaded files, with its credentials.
     minio_endpoint: str | None = None
+    # Access key of the object store.
     minio_access_key: str | None = None
+    # Secret key of the object store.
     minio_secret_key: str | None = None
+    # Use HTTPS to reach the object store.
     minio_secure: bool = False
 
     # Lease: how long an owner may stay silent before another worker may recover its task.
@@ -51,17 +58,26 @@ class Settings(BaseSettings):
     cleanup_grace_seconds: float = Field(default=30.0, ge=0)
     # Progress is persisted only when it moved at least this much (a new message always is).
     progress_delta: float = Field(default=1.0, ge=0)
-    # Batch sizes keep each duty run short and bounded.
+    # Messages kept on the broker beyond the free slots (default: the capacity), so a worker finds
+    # the next task queued the moment a slot frees. More only fills the broker with messages that
+    # will be refused; 0 waits for the relay's round trip at every hand-off.
+    publish_ahead: int | None = Field(default=None, ge=0)
+    # Most pending tasks one publisher run sends: batches keep each duty run short and bounded.
     publish_batch: int = Field(default=500, ge=1)
+    # Most expired leases one reconciler run converges (bounded, like the publisher's).
     reconcile_batch: int = Field(default=100, ge=1)
-    # Readiness fact time-to-live; several reconcile intervals so one slow run is not an outage.
+    # Readiness fact time-to-live; unset: max(3 x reconcile interval, 15 s), so one slow run is
+    # not an outage.
     readiness_ttl_seconds: float | None = None
     # Backoff before a retry-safe task becomes claimable again: base * 2**(attempt-1), capped.
     retry_backoff_seconds: float = Field(default=5.0, ge=0)
+    # Cap of the retry backoff.
     retry_backoff_max_seconds: float = Field(default=300.0, ge=0)
     # Worker processes per `dtask worker`; None = capacity + 2, so duties always find a free child.
     worker_concurrency: int | None = None
+    # Largest task payload (JSON bytes); larger ones are refused with 422.
     max_payload_bytes: int = Field(default=1024 * 1024, ge=1)
+    # Longest dedupe key, in characters.
     max_dedupe_key_length: int = Field(default=200, ge=1)
     # Every database statement the api sends has this deadline (and so does a new connection): with
     # PostgreSQL paused or gone, each route answers 503 within about two seconds instead of hanging.
@@ -78,6 +94,8 @@ class Settings(BaseSettings):
     # Beat prunes terminal tasks older than this; None keeps them until `dtask prune`.
     prune_after_seconds: float | None = Field(default=None, gt=0)
 
+    # API keys, `name:secret` or `name:secret:admin`, comma-separated; the bearer token is the
+    # secret. Duplicate secrets, secrets under 16 characters and the name `cli` are refused.
     api_keys: str = ""
     # Who may submit the built-in diagnostics types: admin keys only (default), every key, or
     # nobody. They exist for operators' smoke tests, not as free compute for every tenant.
@@ -86,14 +104,29 @@ class Settings(BaseSettings):
     # at claim, like the capacity, so one tenant cannot hold every slot while others wait.
     owner_max_pending: int | None = Field(default=None, ge=1)
     owner_max_running: int | None = Field(default=None, ge=1)
+    # Workers add their counters to the shared Redis hash at most this often (and when they stop):
+    # flushing after every task would cost a Redis round trip per task.
+    metrics_flush_seconds: float = Field(default=1.0, ge=0)
     # Bearer token for /metrics (Prometheus' `authorization` setting). Unset: only admin API keys.
     metrics_token: str | None = None
     # /metrics serves figures at most this old: a scrape storm costs one query per interval, never
     # one table scan per scrape.
     metrics_cache_seconds: float = Field(default=15.0, ge=0)
+    # `user:password` for Flower; without it `dtask flower` refuses to start (unless
+    # `--insecure-local` on loopback).
     flower_basic_auth: str | None = None
-    # Where `dtask dev` keeps its embedded data.
+    # Where `dtask dev` keeps its embedded data, logs, ports and session key (`--data-dir`).
     dev_dir: str = ".dtask"
+
+    @field_validator("database_url")
+    @classmethod
+    def _asyncpg_driver(cls, value: str | None) -> str | None:
+        # `postgresql://` (what psql, libpq and hosting panels print) means asyncpg here: the one
+        # driver this project ships. Normalised once, so every engine and Alembic see the same URL.
+        scheme, sep, rest = (value or "").partition("://")
+        if sep and scheme.lower() in ("postgresql", "postgres"):
+            return f"postgresql+asyncpg://{rest}"
+        return value
 
     @field_validator(
         "lease_seconds", "reconcile_seconds", "publish_seconds", "max_timeout_seconds", "prune_after_seconds"
@@ -115,6 +148,10 @@ class Settings(BaseSettings):
     @property
     def heartbeat_seconds(self) -> float:
         return self.lease_seconds / 3
+
+    @property
+    def ahead(self) -> int:
+        return self.capacity if self.publish_ahead is None else self.publish_ahead
 
     @property
     def concurrency(self) -> int:

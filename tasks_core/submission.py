@@ -8,6 +8,7 @@ result, never raised as a lost task. Domains that create their own rows with a t
 from __future__ import annotations
 
 import json
+import logging
 import math
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -18,12 +19,14 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from tasks_core.db import is_transient
 from tasks_core.registry import Registry, TaskSpec
-from tasks_core.relay import publish_ids
+from tasks_core.relay import Relayed, relay
 from tasks_core.repository import NewTask
 from tasks_core.services import Services
 from tasks_core.settings import Settings
 
+log = logging.getLogger(__name__)
 MAX_BATCH = 1000
 
 
@@ -339,10 +342,18 @@ class Submitter:
         return outcomes
 
     async def _publish(self, results: list[Submitted]) -> None:
+        """Publish what capacity can take now, oldest pending first (these tasks or older ones);
+        the rest wait, unsent, for the relay to hand them a freed slot."""
         if not results:
             return
-        ids = [r.task_id for r in results]
-        error = await publish_ids(self.services, ids, by="submit")
+        try:
+            relayed = await relay(self.services, by="submit")
+        except Exception as exc:  # committed intents are never reported lost: the publisher sends them
+            if not is_transient(exc):
+                raise
+            log.warning("publishing after a submission failed: %s", type(exc).__name__)
+            relayed = Relayed(error=f"{type(exc).__name__}: publishing failed; the publisher will retry")
+        sent = set(relayed.ids)
         for r in results:
-            r.published = error is None
-            r.publish_error = error
+            r.published = r.task_id in sent
+            r.publish_error = None if r.published else relayed.error

@@ -32,7 +32,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not reachable(admin):
         pg = EmbeddedPostgres(scratch / "pg")
         admin = pg.start()
-        _cleanup.append(pg.stop)
+        _cleanup.append(pg.destroy)  # as root its cluster is outside scratch
     if not reachable(redis_base):
         rd = EmbeddedRedis(scratch / "redis")
         redis_base = rd.start()
@@ -96,7 +96,9 @@ def redis_client(broker_url: str) -> Iterator[redis_sync.Redis]:
 
 
 # Every table a test may write; emptied before each test that asks for a clean database.
-TABLES = ("tasks", "task_attempts", "diagnostics_runs", "diagnostics_effects", "idempotency_keys")
+TABLES = (
+    "tasks", "task_attempts", "task_slots", "diagnostics_runs", "diagnostics_effects", "idempotency_keys"
+)
 
 
 @pytest.fixture

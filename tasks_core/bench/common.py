@@ -440,7 +440,7 @@ async def submit(services: Any, task_type: str, payloads: Sequence[dict[str, Any
         for outcome in await submitter.submit_many(batch, owner="bench"):
             if isinstance(outcome, Exception):
                 raise BenchError(f"submission refused: {outcome}")
-            if not outcome.published:
+            if outcome.publish_error:  # not published, but no error: sent later as slots free
                 raise BenchError(f"publish failed: {outcome.publish_error}")
             ids.append(outcome.task_id)
     return ids

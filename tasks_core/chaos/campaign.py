@@ -6,7 +6,7 @@ its own on a loopback port (EmbeddedRedis) and a temporary database on the given
 (created, migrated, dropped afterwards unless ``keep``). While mixed diagnostics tasks are submitted
 in small batches, the schedule's faults fire: SIGKILL and restart of workers, SIGSTOP of a worker for
 longer than the lease then SIGCONT (a paused owner that wakes up and tries to write), SIGSTOP of a
-worker caught inside a claim while it holds the cluster-wide capacity lock, duplicate publication
+worker caught inside a write transaction while it holds row locks, duplicate publication
 of ids, Redis stopped and restarted empty on the same port, ``pg_terminate_backend`` of worker
 connections, cancellations. With ``own_postgres`` the campaign starts its own embedded PostgreSQL
 (under its work directory, never a server others use) and adds two faults only an owner may do:
@@ -448,7 +448,7 @@ class Campaign:
                     duplicates += 1
                     continue
                 self.submitted.append(r.task_id)
-                publish_failed += not r.published
+                publish_failed += r.publish_error is not None  # unsent for capacity is no failure
             i += len(batch)
             tick += 1
             await asyncio.sleep(max(0.0, start + tick * SUBMIT_INTERVAL - time.monotonic()))
@@ -549,25 +549,24 @@ class Campaign:
             self.worker_faults.append((at, victim.node))
 
     async def _pause_claimer(self, ev: F.FaultEvent) -> None:
-        """SIGSTOP the worker whose claim holds the capacity lock, with the lock still held.
+        """SIGSTOP a worker caught inside a transaction that holds row locks (a claim on the locked
+        path, an owning transaction, a terminal write with its hook), with the locks still held.
 
-        The claim transaction lasts milliseconds, so the campaign polls pg_locks for the holder,
-        stops its worker's group, and checks that the lock is still held (the claim did not commit
-        in between); if not it resumes the worker at once and tries again."""
-        from tasks_core.repository import CAPACITY_LOCK
-
+        Claims take capacity slots without a cluster-wide lock, so a stalled holder must cost the
+        others nothing but that one task: PostgreSQL ends its session after a lease idle in the
+        transaction. The campaign polls pg_stat_activity for a worker backend holding a transaction
+        id, stops its group, and checks that the transaction is still open; if not it resumes the
+        worker at once and tries again."""
         sql = text(
-            """SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-            WHERE l.locktype = 'advisory' AND l.granted AND l.classid = :hi AND l.objid = :lo
-              AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-              AND a.application_name LIKE 'dtask-worker:%'"""
+            """SELECT application_name FROM pg_stat_activity
+            WHERE datname = current_database() AND application_name LIKE 'dtask-worker:%'
+              AND backend_xid IS NOT NULL AND pid <> pg_backend_pid()"""
         )
-        key = {"hi": CAPACITY_LOCK >> 32, "lo": CAPACITY_LOCK & 0xFFFFFFFF}
         deadline = time.monotonic() + 10.0
         tries = 0
         while time.monotonic() < deadline:
             async with self.services.engine.connect() as conn:
-                holders = (await conn.execute(sql, key)).scalars().all()
+                holders = (await conn.execute(sql)).scalars().all()
                 healthy = [p for p in self.slots if p.alive() and p.ready and not p.paused]
                 victim = next((p for name in holders for p in healthy
                                if p.owns_pid(int(str(name).rsplit(":", 1)[1]))), None)
@@ -577,18 +576,18 @@ class Campaign:
                 tries += 1
                 victim.paused = True
                 victim.signal_group(signal.SIGSTOP)
-                still = (await conn.execute(sql, key)).scalars().all()
+                still = (await conn.execute(sql)).scalars().all()
                 caught = [n for n in still if victim.owns_pid(int(str(n).rsplit(":", 1)[1]))]
                 if not caught:
                     victim.signal_group(signal.SIGCONT)
                     victim.paused = False
                     continue
-            at = await self.fault(ev.kind, victim.name, f"SIGSTOP group {victim.pid} inside a claim holding "
-                                  f"the capacity lock ({caught[0]}), for {ev.duration:.1f} s; try {tries}")
+            at = await self.fault(ev.kind, victim.name, f"SIGSTOP group {victim.pid} inside a transaction "
+                                  f"holding row locks ({caught[0]}), for {ev.duration:.1f} s; try {tries}")
             self._worker_hit(at, victim)
             self._spawn_bg(self._resume(victim, ev.duration))
             return
-        await self.fault(ev.kind, "-", f"skipped: no claim caught holding the capacity lock ({tries} tries)")
+        await self.fault(ev.kind, "-", f"skipped: no worker caught in a write transaction ({tries} tries)")
 
     async def _postgres_fault(self, ev: F.FaultEvent) -> None:
         """Pause or restart the campaign's own PostgreSQL, in the foreground of the fault loop (no
@@ -973,9 +972,11 @@ class Campaign:
                 except Exception as exc:
                     self.say(f"could not drop {self._db_name}: {exc!r}")
         if self._pg is not None:
-            if self.cfg.own_postgres and self.cfg.keep:  # the whole server is the campaign's
-                self.say(f"kept database {self._db_name} in its own PostgreSQL ({self._pg.pgdata})")
-            await asyncio.to_thread(self._pg.stop)
+            if keep_files:  # the whole server is the campaign's: its cluster stays for a look
+                self.say(f"kept database {self._db_name} in the campaign's PostgreSQL ({self._pg.pgdata})")
+                await asyncio.to_thread(self._pg.stop)
+            else:
+                await asyncio.to_thread(self._pg.destroy)
         if keep_files and self.procs is not None:
             self.say(f"logs kept in {self.workdir}")
         elif self.cfg.workdir is None:

@@ -31,7 +31,7 @@ ROOT = Path(tasks_core.__file__).resolve().parent.parent
 
 KILL = "kill_worker"
 PAUSE = "pause_worker"
-# SIGSTOP of a worker caught inside a claim, holding the cluster-wide capacity lock, for longer than
+# SIGSTOP of a worker caught inside a write transaction (holding row locks), for longer than
 # the recovery bound: a stalled claimer must not stall the cluster.
 PAUSE_CLAIMER = "pause_claimer"
 DUPLICATE = "duplicate_publish"

@@ -227,9 +227,10 @@ async def test_unknown_versions_fail_closed_without_any_hook(services: Any, redi
     assert (row["status"], row["error"]["code"]) == ("failed", "handler_unavailable")
     assert (await task_row(engine, live))["status"] == "running"
     assert (await task_row(engine, pending))["status"] == "pending"  # the reconciler leaves it
-    # The run freed a slot and relayed, but the runnable task's message is (as far as the row
-    # knows) still in flight: inserted rows are stamped as published, so the relay sends nothing.
-    assert redis_client.llen("durable") == 0
+    # The run freed a slot and relayed: the runnable task (inserted with no message in flight) is
+    # sent; nothing of an unrunnable version is.
+    assert redis_client.llen("durable") == 1
+    assert (await task_row(engine, runnable))["last_published_at"] is not None
 
     published = await publish_pending(services)
     assert published.failed_closed == 2
@@ -243,7 +244,7 @@ async def test_unknown_versions_fail_closed_without_any_hook(services: Any, redi
     row = await task_row(engine, runnable)
     assert row["status"] == "pending" and row["last_published_at"] is not None
     assert published.published == 0  # stamped moments ago: not due again before the interval
-    assert redis_client.llen("durable") == 0
+    assert redis_client.llen("durable") == 1  # still only the relay's message
 
 
 async def test_two_reconcilers_at_once_converge_each_task_once(services: Any, database_url: str) -> None:

@@ -3,6 +3,7 @@ not duplicated, and a stale publication is re-sent by the publisher only."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -35,27 +36,89 @@ async def test_relay_resends_only_tasks_whose_message_was_dropped(services: Any,
 
 async def test_relay_publishes_about_as_many_as_free_slots(services: Any, redis_client: Any) -> None:
     repo, registry = services.repo, services.registry
+    services.settings.publish_ahead = 0  # exactly the free slots, no messages queued ahead
     ids = [(await Submitter(services).submit(TaskIntent("diagnostics.noop", {}))).task_id for _ in range(7)]
     for task_id in ids:
         await repo.claim(task_id, registry, capacity=3, lease_seconds=30)  # 3 run, 4 dropped
     redis_client.delete("durable")
-    assert await relay(services) == 1  # capacity 4 in settings, 3 running: one free slot
+    assert len((await relay(services)).ids) == 1  # capacity 4 in settings, 3 running: one free slot
     assert redis_client.llen("durable") == 1
     waiting = [(await repo.get(i))["last_published_at"] is None for i in ids[3:]]
     assert waiting == [False, True, True, True]  # the oldest dropped task went first
 
 
-async def test_a_stalled_capacity_lock_holder_delays_claims_by_a_bounded_wait(services: Any) -> None:
-    """A claimer paused inside its claim transaction must not block every other claim."""
-    from sqlalchemy import text
+async def test_a_big_batch_puts_only_what_capacity_can_take_on_the_broker_and_strands_nothing(
+    services: Any, redis_client: Any
+) -> None:
+    """A thousand intents when the cluster runs four: capacity + ahead messages, then one per
+    freed slot, until every task has run — driven here exactly as workers do (claim each message,
+    finish, relay)."""
+    from tasks_core.model import Status
+    from tasks_core.repository import Claim
 
-    from tasks_core.repository import CAPACITY_LOCK
+    repo, registry, s = services.repo, services.registry, services.settings
+    s.publish_ahead = 2
+    outcomes = await Submitter(services).submit_many(
+        [TaskIntent("diagnostics.noop", {"n": i}) for i in range(60)]
+    )
+    assert sum(o.published for o in outcomes) == s.capacity + 2  # type: ignore[union-attr]
+    assert redis_client.llen("durable") == s.capacity + 2
+    messages = 0
+    while (raw := redis_client.rpop("durable")) is not None:
+        messages += 1
+        import json
+
+        task_id = uuid.UUID(json.loads(raw)["headers"]["argsrepr"].strip("[]'(),"))
+        claim = await repo.claim(task_id, registry, capacity=s.capacity, lease_seconds=30)
+        if isinstance(claim, Claim):
+            await repo.finish(task_id, claim.token, registry, status=Status.SUCCESS, result={})
+        await relay(services)
+    summary = await repo.summary()
+    assert summary["by_status"]["success"] == 60 and summary["total"] == 60  # nothing stranded
+    assert messages == 60  # one message per task: none wasted on a full cluster
+
+
+async def test_a_stalled_claimer_never_blocks_other_claims(services: Any) -> None:
+    """A claimer paused inside its claim (holding a capacity slot's row lock) must not block every
+    other claim: the others take other slots without waiting (SKIP LOCKED)."""
+    import time
+
+    from sqlalchemy import text
 
     repo, registry = services.repo, services.registry
     task_id = (await Submitter(services).submit(TaskIntent("diagnostics.noop", {}))).task_id
+    await repo.claim(uuid.uuid4(), registry, capacity=4, lease_seconds=30)  # creates the slot rows
     async with services.engine.connect() as holder:
         await holder.begin()
-        await holder.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CAPACITY_LOCK})
+        await holder.execute(text("SELECT slot FROM task_slots WHERE slot = 0 FOR UPDATE"))
+        started = time.monotonic()
+        outcome = await repo.claim(task_id, registry, capacity=4, lease_seconds=30, lock_wait_seconds=0.3)
+        waited = time.monotonic() - started
+        await holder.rollback()
+    assert not isinstance(outcome, str), outcome
+    assert waited < 0.3  # it never waited for the lock (a protocol bound: lock_wait_seconds)
+    async with services.engine.connect() as conn:
+        slot = await conn.execute(text("SELECT slot FROM task_slots WHERE task_id = :id"), {"id": task_id})
+        assert slot.scalar_one() != 0
+
+
+async def test_a_stalled_holder_of_a_type_lock_delays_claims_of_that_type_by_a_bounded_wait(
+    services: Any,
+) -> None:
+    """Where a per-type cap serialises claimers, a paused one costs the others a bounded wait:
+    the claim is refused (capacity_busy) and the task re-sent later."""
+    from sqlalchemy import text
+
+    from tests.integration.hooks_for_tests import registry_with_test_specs
+    from tests.integration.repo_helpers import submit as insert_task
+
+    repo, registry = services.repo, registry_with_test_specs()
+    task_id = await insert_task(repo, "test.capped")
+    async with services.engine.connect() as holder:
+        await holder.begin()
+        await holder.execute(
+            text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"), {"k": "dtask-type:test.capped"}
+        )
         outcome = await repo.claim(task_id, registry, capacity=4, lease_seconds=30, lock_wait_seconds=0.3)
         await holder.rollback()
     assert outcome == "capacity_busy"

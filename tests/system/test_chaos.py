@@ -1,13 +1,13 @@
 """The fault campaign, bounded to a few minutes: real workers, beat, Redis and a PostgreSQL of the
 campaign's own (``--own-postgres``) under a seeded fault schedule (SIGKILL and restart, SIGSTOP past
-the lease, SIGSTOP of a claimer holding the capacity lock, duplicate publication, Redis restarted
+the lease, SIGSTOP of a worker inside a write transaction, duplicate publication, Redis restarted
 empty, worker backends terminated, cancels, PostgreSQL paused past the lease and restarted), then
 the checker on what PostgreSQL holds.
 
 Every invariant count must be 0, every task running at a PostgreSQL restart its lease outlived must
 have ended success on its attempt, and at least one late write must have been attempted and
-rejected (else fencing was never tested). The seed is random unless DTASK_CHAOS_SEED is set; a failure prints
-it with the `dtask chaos` command that replays the same schedule.
+rejected (else fencing was never tested). The seed is random unless DTASK_CHAOS_SEED is set; a
+failure prints it with the `dtask chaos` command that replays the same schedule.
 """
 
 from __future__ import annotations
@@ -37,10 +37,8 @@ async def test_seeded_fault_campaign_keeps_every_invariant() -> None:
     seed = int(os.environ.get("DTASK_CHAOS_SEED") or random.SystemRandom().randrange(1, 2**31))
     cfg = CampaignConfig(
         seed=seed, workers=WORKERS, tasks=TASKS, fault_seconds=FAULT_SECONDS, lease_seconds=LEASE_SECONDS,
-        # No workdir under pytest's tmp_path: a pytest run starting meanwhile (as root, on a shared
-        # machine) resets /tmp/pytest-of-root to 0700, and the server, running as another account,
-        # can no longer reach its data directory (seen: PANIC on pg_control). The campaign makes its
-        # own under /tmp, removed after a pass and kept, with the logs, after a failure.
+        # Its own work dir under /tmp (PostgreSQL included): removed after a pass, kept with the
+        # logs after a failure (the message says where).
         own_postgres=True,
     )
     result = await run_campaign(cfg, out=lambda line: print(line, flush=True))

@@ -1,20 +1,37 @@
-"""`dtask dev` on a fresh directory: embedded PostgreSQL and Redis, the whole stack, Ctrl-C stops it."""
+"""`dtask dev`: the whole stack on embedded PostgreSQL and Redis, supervised, stopped by any of
+SIGINT, SIGTERM and SIGHUP with nothing left behind, and the same environment on every start."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
+import redis
 
 pytestmark = pytest.mark.system
+
+ROOT = Path(__file__).resolve().parents[2]
+BANNER_TIMEOUT = 120.0
+STOP_TIMEOUT = 60.0
+BANNER_FIELDS = {
+    "postgres": r"PostgreSQL : (\S+)",
+    "redis": r"Redis      : (\S+)",
+    "api": r"API        : (\S+)",
+    "flower": r"Flower     : (\S+)",
+    "key": r"API key    : (\S+)",
+}
 
 
 def _free_port() -> int:
@@ -23,76 +40,223 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_line(log: Path, pattern: str, proc: subprocess.Popen[bytes], timeout: float) -> re.Match[str]:
+def _port(url: str) -> int:
+    return int(re.search(r":(\d+)(/|$)", url).group(1))  # type: ignore[union-attr]
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+class Dev:
+    """One `dtask dev` process, its output in a file, its descendants tracked for the checks."""
+
+    def __init__(self, tmp: Path, data_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.log = tmp / f"dev-{time.monotonic_ns()}.log"
+        self.data_dir = data_dir
+        self.api_port, self.flower_port = _free_port(), _free_port()
+        base = {k: v for k, v in os.environ.items() if not k.startswith("DTASK_")}
+        base["PYTHONPATH"] = str(ROOT)
+        argv = [sys.executable, "-m", "tasks_core.cli", "dev", "--data-dir", str(data_dir)]
+        argv += ["--api-port", str(self.api_port), "--flower-port", str(self.flower_port), *args]
+        with self.log.open("wb") as out:
+            # Its own session, as a shell gives a foreground job: a signal to the test runner never
+            # reaches it, and killpg() reaches exactly what a terminal's Ctrl-C would.
+            self.proc = subprocess.Popen(
+                argv, env={**base, **(env or {})}, cwd=tmp, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        self.seen: list[psutil.Process] = []
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, pattern: str, timeout: float = BANNER_TIMEOUT, start: int = 0) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.compile(pattern, re.M).search(self.output(), start)
+            if found:
+                return found
+            assert self.proc.poll() is None, f"dtask dev exited with {self.proc.returncode}:\n{self.output()}"
+            time.sleep(0.1)
+        raise AssertionError(f"{pattern!r} not printed within {timeout:g} s:\n{self.output()[-5000:]}")
+
+    def banner(self) -> dict[str, str]:
+        end = self.wait_for(r"^  try ").end()
+        text = self.output()[:end]
+        return {name: re.search(pattern, text).group(1) for name, pattern in BANNER_FIELDS.items()}  # type: ignore[union-attr]
+
+    def remember_processes(self) -> list[psutil.Process]:
+        """Every process of the stack now: dev's descendants (pool children included)."""
+        kids = psutil.Process(self.proc.pid).children(recursive=True)
+        self.seen += [k for k in kids if k not in self.seen]
+        return kids
+
+    def child(self, needle: str) -> psutil.Process:
+        for proc in psutil.Process(self.proc.pid).children():
+            with contextlib.suppress(psutil.Error):
+                if needle in " ".join(proc.cmdline()):
+                    return proc
+        raise AssertionError(f"no child of dtask dev runs {needle!r}")
+
+    def survivors(self) -> list[str]:
+        alive = []
+        for proc in self.seen:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(f"{proc.pid} {' '.join(proc.cmdline())}")
+        return alive
+
+    def stop(self, sig: signal.Signals) -> float:
+        """Send ``sig`` as a terminal (SIGINT: its foreground group) or `kill` would; seconds to exit."""
+        self.remember_processes()
+        started = time.monotonic()
+        if sig == signal.SIGINT:
+            os.killpg(self.proc.pid, sig)
+        else:
+            self.proc.send_signal(sig)
+        self.proc.wait(timeout=STOP_TIMEOUT)
+        return time.monotonic() - started
+
+    def kill(self) -> None:
+        """Teardown: whatever is left, by the pids this test saw."""
+        if self.proc.poll() is None:
+            self.remember_processes()
+            self.proc.kill()
+            self.proc.wait()
+        for proc in self.seen:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One data directory for the module: later starts reuse its cluster, as a developer's do."""
+    path = tmp_path_factory.mktemp("dev") / ".dtask"
+    yield path
+    pgdata = path / "postgres" / "pgdata"
+    if pgdata.is_symlink():  # as root the cluster lives outside the data directory
+        shutil.rmtree(pgdata.resolve().parent, ignore_errors=True)
+
+
+@pytest.fixture
+def dev(tmp_path: Path) -> Iterator[list[Dev]]:
+    started: list[Dev] = []
+    yield started
+    for d in started:
+        d.kill()
+
+
+FIRST_BANNER: dict[str, str] = {}
+
+
+def _submit_and_wait(banner: dict[str, str], n: int = 1, timeout: float = 60.0) -> None:
+    headers = {"Authorization": f"Bearer {banner['key']}"}
+    ids = []
+    for _ in range(n):
+        r = httpx.post(
+            f"{banner['api']}/tasks", headers=headers, timeout=10,
+            json={"task_type": "diagnostics.sleep", "payload": {"seconds": 0.2, "steps": 2}},
+        )  # fmt: skip
+        assert r.status_code == 202, r.text
+        ids.append(r.json()["id"])
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = re.search(pattern, log.read_text(errors="replace"))
-        if found:
-            return found
-        assert proc.poll() is None, f"dtask dev exited early:\n{log.read_text()[-3000:]}"
-        time.sleep(0.2)
-    raise AssertionError(f"{pattern!r} not printed in {timeout} s:\n{log.read_text()[-3000:]}")
-
-
-def test_dev_runs_the_whole_stack_on_embedded_services_and_stops_on_ctrl_c(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DTASK_")}
-    api_port, flower_port = _free_port(), _free_port()
-    log = tmp_path / "dev.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tasks_core.cli",
-                "dev",
-                "--data-dir",
-                str(tmp_path / "data"),
-                "--api-port",
-                str(api_port),
-                "--flower-port",
-                str(flower_port),
-            ],
-            env=env,
-            cwd=tmp_path,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        key = _wait_line(log, r"API key    : (\S+)", proc, 90).group(1)
-        headers = {"Authorization": f"Bearer {key}"}
-        base = f"http://127.0.0.1:{api_port}"
-        deadline = time.monotonic() + 60
-        task = None
-        while time.monotonic() < deadline and task is None:
-            try:
-                r = httpx.post(
-                    f"{base}/tasks",
-                    headers=headers,
-                    json={"task_type": "diagnostics.sleep", "payload": {"seconds": 1, "steps": 2}},
-                )
-                task = r.json() if r.status_code == 202 else None
-            except httpx.TransportError:
-                time.sleep(0.5)  # the API is still starting
-        assert task is not None, log.read_text()[-3000:]
+    for task_id in ids:
         status = None
-        while time.monotonic() < deadline and status != "success":
-            status = httpx.get(f"{base}/tasks/{task['id']}", headers=headers).json()["status"]
-            time.sleep(0.3)
-        assert status == "success", log.read_text()[-3000:]
-        # Readiness needs beat -> broker -> worker -> PostgreSQL -> Redis: the whole chain.
-        while time.monotonic() < deadline and httpx.get(f"{base}/readyz").status_code != 200:
-            time.sleep(0.5)
-        assert httpx.get(f"{base}/readyz").status_code == 200
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-        try:
-            code = proc.wait(timeout=60)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-    assert code == 0, log.read_text()[-3000:]
-    # Everything it started is gone: nothing listens on its ports any more.
-    for port in (api_port, flower_port):
-        with socket.socket() as s:
-            assert s.connect_ex(("127.0.0.1", port)) != 0
+        while time.monotonic() < deadline and status not in ("success", "failed", "cancelled"):
+            got = httpx.get(f"{banner['api']}/tasks/{task_id}", headers=headers, timeout=10)
+            status = got.json()["status"]
+            time.sleep(0.2)
+        assert status == "success", f"task {task_id} ended {status}"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_dev_runs_the_stack_and_any_stop_signal_leaves_nothing_behind(
+    dev: list[Dev], tmp_path: Path, data_dir: Path, sig: signal.Signals
+) -> None:
+    env: dict[str, str] = {}
+    if (data_dir / "env").exists():
+        # A shell that sourced the env file of an earlier run starts dev again: still embedded.
+        env = dict(re.findall(r"^export (\w+)=(\S+)$", (data_dir / "env").read_text(), re.M))
+        assert set(env) >= {"DTASK_DATABASE_URL", "DTASK_BROKER_URL"}
+    d = Dev(tmp_path, data_dir, env=env)
+    dev.append(d)
+    banner = d.banner()
+    # Printed once every child is ready: no retry needed.
+    assert httpx.get(f"{banner['api']}/healthz", timeout=5).status_code == 200
+    assert _listening(_port(banner["flower"]))
+    assert redis.Redis.from_url(banner["redis"]).ping()
+    # Same ports and key on every start on this data directory.
+    FIRST_BANNER.setdefault("banner", banner)  # type: ignore[arg-type]
+    first = FIRST_BANNER["banner"]
+    for field in ("postgres", "redis", "key"):
+        assert banner[field] == first[field], (field, banner, first)  # type: ignore[index]
+    _submit_and_wait(banner)
+    # Child logs are in the data directory, not on the terminal.
+    logs = {p.name for p in (data_dir / "logs").iterdir()}
+    assert {"postgres.log", "redis.log", "worker.log", "beat.log", "api.log", "flower.log"} <= logs
+    assert "celery@" not in d.output() and "Uvicorn running" not in d.output()
+
+    ports = [_port(banner[name]) for name in ("postgres", "redis", "api", "flower")]
+    assert len(d.remember_processes()) >= 6
+    seconds = d.stop(sig)
+    print(f"{sig.name}: dtask dev exited {seconds:.2f} s after the signal")
+    assert d.proc.returncode == 0, d.output()[-3000:]
+    assert d.survivors() == [], d.output()[-3000:]
+    assert [p for p in ports if _listening(p)] == []
+
+
+def test_dev_restarts_a_killed_redis_worker_and_postgres_and_tasks_still_run(
+    dev: list[Dev], tmp_path: Path, data_dir: Path
+) -> None:
+    d = Dev(tmp_path, data_dir)
+    dev.append(d)
+    banner = d.banner()
+    d.remember_processes()
+    victims = (("redis-server", "redis"), ("tasks_core.cli worker", "worker"), ("postgres -D", "postgres"))
+    for needle, name in victims:
+        mark = len(d.output())
+        victim = d.child(needle)
+        killed = time.monotonic()
+        victim.kill()
+        d.wait_for(rf"^dtask dev: {name} killed by SIGKILL; restarting", timeout=30, start=mark)
+        d.wait_for(rf"^dtask dev: {name} is back", timeout=90, start=mark)
+        print(f"{name}: back {time.monotonic() - killed:.2f} s after SIGKILL")
+        d.remember_processes()
+    assert redis.Redis.from_url(banner["redis"]).ping()  # on the same port
+    _submit_and_wait(banner, n=3, timeout=90)
+    d.stop(signal.SIGTERM)
+    assert d.proc.returncode == 0
+    assert d.survivors() == []
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DTASK_")}
+    return env | {"PYTHONPATH": str(ROOT), **extra}
+
+
+def test_dev_fails_fast_naming_a_taken_port(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        data = tmp_path / ".dtask"
+        out = subprocess.run(
+            [sys.executable, "-m", "tasks_core.cli", "dev", "--data-dir", str(data), "--api-port", str(port)],
+            env=_env(), cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"port {port}" in out.stderr and "--api-port" in out.stderr, out.stderr
+    assert not (data / "postgres").exists()  # nothing was started
+
+
+def test_dev_names_the_environment_when_its_database_is_unreachable(tmp_path: Path) -> None:
+    url = f"postgresql+asyncpg://postgres@127.0.0.1:{_free_port()}/dtask"
+    out = subprocess.run(
+        [sys.executable, "-m", "tasks_core.cli", "dev", "--data-dir", str(tmp_path / ".dtask")],
+        env=_env(DTASK_DATABASE_URL=url), cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "DTASK_DATABASE_URL" in out.stderr and "environment" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr

@@ -91,3 +91,32 @@ def test_a_long_record_is_truncated_by_the_log_filter() -> None:
     record = logging.LogRecord("x", logging.ERROR, __file__, 1, "body %s", ("y" * 100_000,), None)
     assert Truncate(1000).filter(record)
     assert len(record.getMessage()) < 1100 and record.getMessage().endswith("more characters]")
+
+
+async def test_five_forged_runs_of_a_running_task_are_all_refused(cluster: Cluster, services: Any) -> None:
+    from tasks_core.transport import CeleryTransport
+
+    worker = cluster.start_worker(concurrency=4)
+    await cluster.wait_worker_ready(worker)
+    task_id = (
+        await Submitter(services).submit(TaskIntent("diagnostics.sleep", {"seconds": 3, "steps": 3}))
+    ).task_id
+
+    async def running() -> bool:
+        row = await services.repo.get(task_id)
+        return row is not None and row["status"] == "running"
+
+    await wait_for(running, within=30, what="the task to run")
+    await asyncio.to_thread(CeleryTransport().publish_sync, [str(task_id)] * 5)
+
+    async def refused() -> bool:
+        return worker.log_text().count("not claimed: not_pending:running") >= 5
+
+    await wait_for(refused, within=30, what="five refusals")
+
+    async def done() -> dict[str, Any] | None:
+        row = await services.repo.get(task_id)
+        return row if row and row["status"] == "success" else None
+
+    row = await wait_for(done, within=30, what="the task to finish")
+    assert row["attempt_count"] == 1 and len(await services.repo.attempts(task_id)) == 1

@@ -167,7 +167,10 @@ async def test_postgres_paused_past_the_lease_fails_tasks_and_rejects_late_write
         await asyncio.sleep(lease + 3)
     finally:
         outage.resume(pid)
+    resumed = time.monotonic()
     done = await wait_all(svc, ids, ("success", "failed", "cancelled"), within=60)
+    after = time.monotonic() - resumed
+    print(f"paused {lease + 3:.0f} s (lease {lease:.0f} s): tasks terminal {after:.2f} s after the resume")
     assert all(r["status"] == "failed" and r["error"]["code"] == "lease_expired" for r in done), done
     async with svc.engine.connect() as conn:
         late = (
@@ -250,6 +253,7 @@ def call_every_route(base: str) -> dict[str, tuple[int, float]]:
 
 
 def assert_answered(answers: dict[str, tuple[int, float]], allowed: set[int]) -> None:
+    print("slowest answer: {:.2f} s ({})".format(*max((a[1], r) for r, a in answers.items())))
     slow = {route: a for route, a in answers.items() if a[1] > BOUND}
     assert not slow, f"routes slower than {BOUND} s: {slow}"
     # Routes that need neither dependency just answer.

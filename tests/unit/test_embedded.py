@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import pathlib
+import shutil
+import stat
+import subprocess
 import uuid
 from collections.abc import Iterator
 
@@ -52,7 +56,7 @@ def pg(pg_dir: pathlib.Path) -> Iterator[EmbeddedPostgres]:
     server = EmbeddedPostgres(pg_dir)
     server.start()
     yield server
-    server.stop()
+    server.destroy()
 
 
 def test_postgres_serves_tcp_on_loopback(pg: EmbeddedPostgres) -> None:
@@ -146,3 +150,91 @@ def test_reachable_rejects_what_it_cannot_check() -> None:
     assert not reachable(f"postgresql+asyncpg://u@127.0.0.1:{free_port()}/db", timeout=0.5)
     with pytest.raises(ValueError):
         reachable("http://127.0.0.1:80/")
+
+
+def _modes(paths: list[pathlib.Path], within: pathlib.Path) -> dict[pathlib.Path, int]:
+    # Only directories this test owns: pytest runs elsewhere on the machine re-chmod the shared
+    # /tmp/pytest-of-<user> themselves.
+    return {p: stat.S_IMODE(p.stat().st_mode) for p in paths if p.is_relative_to(within)}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs PostgreSQL as another account")
+def test_as_root_no_directory_outside_the_data_dir_is_widened(tmp_path: pathlib.Path) -> None:
+    # A home directory others may not enter, as /root and most homes are.
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    home.chmod(0o700)
+    data = home / "project" / ".dtask" / "postgres"
+    data.mkdir(parents=True)
+    before = _modes(list(data.parents), tmp_path)
+    server = EmbeddedPostgres(data)
+    try:
+        url = server.start()
+        assert asyncio.run(_fetchval(url, "SELECT 1")) == 1
+        assert _modes(list(data.parents), tmp_path) == before
+        # The cluster lives where the service account can reach it; the data dir records where.
+        cluster = (data / "pgdata").resolve()
+        assert not cluster.is_relative_to(home)
+        assert (cluster / "PG_VERSION").exists()
+    finally:
+        server.destroy()
+    assert not cluster.exists() and not (data / "pgdata").is_symlink()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs PostgreSQL as another account")
+def test_as_root_a_restart_reuses_the_cluster_and_a_deleted_data_dir_starts_afresh(
+    tmp_path: pathlib.Path,
+) -> None:
+    data = tmp_path / "pg"
+    first = EmbeddedPostgres(data)
+    url = first.start()
+    asyncio.run(_execute(url, "CREATE TABLE kept (v int)"))
+    first.stop()
+    cluster = (data / "pgdata").resolve()
+    again = EmbeddedPostgres(data)
+    try:
+        url = again.start()
+        assert (data / "pgdata").resolve() == cluster
+        assert asyncio.run(_fetchval(url, "SELECT count(*) FROM kept")) == 0
+    finally:
+        again.stop()
+    # The user deletes the data directory: its cluster goes with it at the next start of any server.
+    shutil.rmtree(data)
+    other = EmbeddedPostgres(tmp_path / "other")
+    try:
+        other.start()
+        assert not cluster.exists()
+    finally:
+        other.destroy()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs PostgreSQL as another account")
+def test_as_root_binaries_out_of_reach_are_copied_not_exposed(tmp_path: pathlib.Path) -> None:
+    from tasks_core.embedded import _reachable_bin_dir, _service_account
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    home.chmod(0o700)
+    bin_dir = home / "venv" / "pginstall" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "postgres").write_text("#!/bin/sh\necho reachable\n")
+    (bin_dir / "postgres").chmod(0o755)
+    account = _service_account()
+    assert account is not None
+    before = _modes([home, *home.parents], tmp_path)
+    copied = _reachable_bin_dir(account, bin_dir)
+    try:
+        assert _modes([home, *home.parents], tmp_path) == before
+        ran = subprocess.run(
+            [str(copied / "postgres")],
+            user=account.pw_uid,
+            group=account.pw_gid,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert ran.stdout == "reachable\n", ran.stderr
+        assert _reachable_bin_dir(account, bin_dir) == copied  # copied once, then reused
+    finally:
+        shutil.rmtree(copied.parent)
