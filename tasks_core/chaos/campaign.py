@@ -256,7 +256,8 @@ class Campaign:
         workload = F.build_workload(cfg.seed, cfg.tasks)
         self.say(f"seed {cfg.seed} - replay with: {cfg.replay_command()}")
         kinds = F.ALL_KINDS if cfg.own_postgres else F.KINDS
-        self.say(f"{len(schedule)} faults over {F.phase_seconds(schedule, cfg.fault_seconds):g} s: "
+        phase = F.phase_seconds(schedule, cfg.fault_seconds, cfg.lease_seconds)
+        self.say(f"{len(schedule)} faults over {phase:g} s: "
                  + ", ".join(f"{k} {sum(1 for e in schedule if e.kind == k)}" for k in kinds))
         ok = False
         try:
@@ -471,7 +472,7 @@ class Campaign:
             except Exception as exc:
                 self.notes.append(f"fault {event.kind} at +{event.at:g}s raised {exc!r}")
                 await self.fault(event.kind, "-", f"ERROR {exc!r}")
-        phase = F.phase_seconds(schedule, self.cfg.fault_seconds)
+        phase = F.phase_seconds(schedule, self.cfg.fault_seconds, self.cfg.lease_seconds)
         await asyncio.sleep(max(0.0, start + phase - time.monotonic()))
         # Pauses end, Redis comes back, killed workers restart: only then have the faults stopped.
         while self._background:

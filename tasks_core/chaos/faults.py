@@ -101,7 +101,7 @@ def _base_schedule(
     rng = random.Random(f"dtask-chaos:{seed}:faults")
     claimer_pause = claimer_pause or claimer_pause_seconds(lease_seconds, 1.0, 5.0)
     # The last fault fires early enough that a pause (lease + up to 3 s) ends within the phase.
-    last = max(1.0, fault_seconds - lease_seconds - 3.0)
+    last = max(1.0, fault_seconds - _tail(lease_seconds))
     times: list[float] = []
     t = rng.uniform(*GAP_SECONDS)
     while t <= last:
@@ -133,9 +133,12 @@ def _base_schedule(
 def _with_postgres_faults(
     seed: int, events: list[FaultEvent], fault_seconds: float, lease_seconds: float
 ) -> list[FaultEvent]:
-    """Insert the PostgreSQL faults between the others, each midway between two of them, and move
-    every later fault back by the outage plus PG_SETTLE_SECONDS: no other fault is scheduled while
-    the database is down (the campaign needs it to aim them and to stamp them with its clock)."""
+    """Insert the PostgreSQL faults between the others: each midway between two of them, or once an
+    earlier worker pause (or a killed worker's restart delay) is over, and move every later fault
+    back by as much as it needs. No fault is fired while the database is down (the campaign needs
+    it to aim a fault and to stamp it with its clock), and no paused owner sleeps through a database
+    outage: it would wake up with dead connections and give up without ever trying the late write
+    that fencing must refuse. (A claimer pause or a Redis outage may still span one.)"""
     rng = random.Random(f"dtask-chaos:{seed}:postgres")
     kinds = [kind for kind, n in PG_MINIMUM.items() for _ in range(n)]
     extra = int(fault_seconds // PG_EXTRA_EVERY)
@@ -145,24 +148,33 @@ def _with_postgres_faults(
     before = sorted(rng.sample(range(1, len(events)), k=min(len(kinds), len(events) - 1)))
     planned = dict(zip(before, kinds, strict=False))
     out: list[FaultEvent] = []
-    shift = 0.0
+    shift = busy_until = 0.0
     for i, event in enumerate(events):
         kind = planned.get(i)
         if kind is not None:
-            at = (events[i - 1].at + event.at) / 2 + shift
+            midway = (events[i - 1].at + event.at) / 2 + shift
+            at = max(midway, busy_until + PG_SETTLE_SECONDS)
             if kind == PG_PAUSE:
                 duration = lease_seconds + rng.uniform(1.0, 3.0)  # longer than the lease: it must lapse
             else:
                 duration = rng.uniform(*PG_RESTART_DOWN)
             out.append(FaultEvent(round(at, 3), kind, round(duration, 3), rng.random(), rng.random()))
-            shift += duration + PG_SETTLE_SECONDS
-        out.append(dataclasses.replace(event, at=round(event.at + shift, 3)))
+            shift += at - midway + duration + PG_SETTLE_SECONDS
+        moved = dataclasses.replace(event, at=round(event.at + shift, 3))
+        out.append(moved)
+        if moved.kind in (PAUSE, KILL):
+            busy_until = max(busy_until, moved.at + moved.duration)
     return out
 
 
-def phase_seconds(schedule: list[FaultEvent], fault_seconds: float) -> float:
-    """How long the fault phase lasts: ``fault_seconds`` plus the time PostgreSQL faults added."""
-    return fault_seconds + sum(e.duration + PG_SETTLE_SECONDS for e in schedule if e.kind in PG_KINDS)
+def phase_seconds(schedule: list[FaultEvent], fault_seconds: float, lease_seconds: float) -> float:
+    """How long the fault phase lasts: ``fault_seconds``, or longer when PostgreSQL's outages moved
+    the last fault back (the last one always leaves a lease + 3 s for its effects to play out)."""
+    return max(fault_seconds, max((e.at for e in schedule), default=0.0) + _tail(lease_seconds))
+
+
+def _tail(lease_seconds: float) -> float:
+    return lease_seconds + 3.0
 
 
 @dataclass(frozen=True)
