@@ -188,6 +188,7 @@ class Campaign:
         self.outages: list[list[datetime | None]] = []
         self.postgres_outages: list[PostgresOutage] = []
         self.worker_faults: list[tuple[datetime, str]] = []
+        self._owner_pauses: set[str] = set()  # workers a pause_worker fault holds stopped
         # While the campaign holds its PostgreSQL down, its own users of the database (submitter,
         # monitor, fault log) wait on this lock or log no PostgreSQL time, instead of hanging on a
         # paused server or retrying into a restart.
@@ -525,6 +526,7 @@ class Campaign:
             else:
                 victim.paused = True
                 victim.signal_group(signal.SIGSTOP)
+                self._owner_pauses.add(victim.name)
                 detail = (f"SIGSTOP group {victim.pid} owning {owned} running tasks for {ev.duration:.1f} s "
                           f"(lease {self.cfg.lease_seconds:g} s)")
                 at = await self.fault(ev.kind, victim.name, detail)
@@ -600,7 +602,7 @@ class Campaign:
         if self._pg is None:
             await self.fault(ev.kind, "postgres", "skipped: the campaign does not own its PostgreSQL")
             return
-        await self._until_workers_started()
+        await self._until_workers_settled()
         self._pg_up.clear()  # before taking the lock: no new stamp queues up behind the outage
         try:
             async with self._db_lock:
@@ -633,11 +635,18 @@ class Campaign:
         await self.fault("pg_recovered", "postgres", detail, pg=recovered)
         return recovered
 
-    async def _until_workers_started(self) -> None:
-        """A worker still starting would fail its schema check against a stopped database and exit:
-        let it finish starting first (bounded by the start-up timeout)."""
+    async def _until_workers_settled(self) -> None:
+        """The schedule keeps worker pauses and kills clear of database outages, but the fault loop
+        may run late: wait (at most the start-up timeout) until no owner is paused (it would wake up
+        with dead connections and give up without trying the late write fencing must refuse), no
+        killed worker awaits its restart and none is still starting (its schema check would fail
+        against a stopped database and it would exit). A paused claimer may go on sleeping."""
+
+        def unsettled(p: F.Managed) -> bool:
+            return (not p.alive() and p.killed) or (p.alive() and not p.ready) or p.name in self._owner_pauses
+
         for _ in range(int(self.cfg.startup_timeout / 0.1)):
-            if not any(p.alive() and not p.ready and not p.paused for p in self.slots):
+            if not any(unsettled(p) for p in self.slots):
                 return
             await asyncio.sleep(0.1)
 
@@ -717,6 +726,7 @@ class Campaign:
         await asyncio.sleep(duration)
         victim.signal_group(signal.SIGCONT)
         victim.paused = False
+        self._owner_pauses.discard(victim.name)
         await self.fault("worker_resume", victim.name, f"SIGCONT group {victim.pid}: wakes up past its lease")
 
     async def _redis_restart(self, downtime: float) -> None:
