@@ -14,8 +14,9 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 
-from app import routes_health, routes_tasks, routes_types
+from app import routes_health, routes_tasks, routes_types, ui
 from app.auth import Guard, KeyRing
+from app.cache import TtlCache
 from app.metrics import MetricsCache
 from tasks_core.db import check_schema, is_transient
 from tasks_core.services import Services, build_services
@@ -30,8 +31,8 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_SECONDS = 5
 # Answer without a key: probes, and the OpenAPI document (its routes still need a key).
 PUBLIC_PATHS = ("/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc")
-# Routes that check credentials themselves (the metrics token).
-OWN_AUTH_PREFIXES = ("/metrics",)
+# Routes that check credentials themselves (the metrics token; the dashboard's sign-in cookie).
+OWN_AUTH_PREFIXES = ("/metrics", "/ui")
 # Path prefixes whose request bodies may exceed DTASK_MAX_REQUEST_BYTES (domains add uploads here).
 PATH_LIMITS: dict[str, int] = {}
 
@@ -95,6 +96,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app = FastAPI(title="durable-tasks", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
     app.state.keys = KeyRing(settings.api_keys)
     app.state.metrics_cache = MetricsCache(settings.metrics_cache_seconds)
+    app.state.summary_cache = TtlCache[dict[str, Any]](settings.metrics_cache_seconds)
     if services is not None:
         app.state.services = services
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -102,6 +104,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         app.add_exception_handler(kind, _dependency_error)
     app.include_router(routes_tasks.router)
     app.include_router(routes_types.router)
+    ui.install(app, settings)  # the dashboard at /ui (signs in by cookie, hence OWN_AUTH_PREFIXES)
     app.include_router(routes_health.router)
     # Authenticate before reading any body; a batch may carry up to 1,000 payloads (each also
     # checked against its own limit).

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections import defaultdict
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from app.cache import TtlCache
 from tasks_core import metrics as runtime_metrics
 from tasks_core.services import Services
 
@@ -34,19 +34,11 @@ class _Snapshot:
 
 class MetricsCache:
     def __init__(self, max_age: float) -> None:
-        self.max_age = max_age
-        self._body: bytes | None = None
-        self._at = 0.0
-        self._lock = asyncio.Lock()
+        self._cache = TtlCache[bytes](max_age, max_keys=1)
 
     async def get(self, svc: Services) -> bytes:
-        if self._body is not None and time.monotonic() - self._at < self.max_age:
-            return self._body
-        async with self._lock:  # single flight: waiters take the figures the first one fetched
-            if self._body is None or time.monotonic() - self._at >= self.max_age:
-                self._body = await render_metrics(svc)
-                self._at = time.monotonic()
-            return self._body
+        body, _age = await self._cache.get("metrics", lambda: render_metrics(svc))
+        return body
 
 
 async def render_metrics(svc: Services) -> bytes:

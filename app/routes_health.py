@@ -76,15 +76,19 @@ async def _recovery(svc: Services) -> str | None:
     return None
 
 
-@router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
-async def readyz(request: Request) -> Any:
-    """Ready only while PostgreSQL and Redis answer and a worker reconciled recently."""
-    svc: Services = request.app.state.services
+async def readiness_facts(svc: Services) -> dict[str, dict[str, Any]]:
+    """Each fact /readyz judges by, ``{"ok": bool, "detail": str | None}``, within FACT_TIMEOUT."""
     names = ("postgres", "redis", "readiness")
     results = await asyncio.gather(
         _fact("postgres", _postgres(svc)), _fact("redis", _redis(svc)), _fact("readiness", _recovery(svc))
     )
-    facts = dict(zip(names, results, strict=True))
+    return dict(zip(names, results, strict=True))
+
+
+@router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
+async def readyz(request: Request) -> Any:
+    """Ready only while PostgreSQL and Redis answer and a worker reconciled recently."""
+    facts = await readiness_facts(request.app.state.services)
     ready = all(f["ok"] for f in facts.values())
     return JSONResponse({"ready": ready, "facts": facts}, status_code=200 if ready else 503)
 

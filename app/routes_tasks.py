@@ -11,7 +11,9 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, R
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from app import task_actions
 from app.auth import Principal, principal
+from app.cache import TtlCache
 from app.schemas import (
     NO_NUL,
     BatchIn,
@@ -83,13 +85,6 @@ async def _view(svc: Services, row: dict[str, Any]) -> dict[str, Any]:
     return task_view(row, reason)
 
 
-async def _owned(svc: Services, task_id: uuid.UUID, caller: Principal) -> dict[str, Any]:
-    row = await svc.repo.get(task_id)
-    if row is None or (not caller.admin and row["owner"] != caller.name):
-        raise HTTPException(404, "no such task")  # another owner's task does not exist for you
-    return dict(row)
-
-
 @router.post(
     "",
     status_code=202,
@@ -129,7 +124,7 @@ async def submit_task(
                 "task_id": str(result.duplicate_of),
             },
         )
-    return await _view(svc, await svc.repo.get(result.task_id) or {})
+    return await _submitted_view(svc, result)
 
 
 @router.post(
@@ -179,14 +174,20 @@ async def submit_batch(
 
 
 async def _submitted_view(svc: Services, outcome: Submitted) -> dict[str, Any]:
-    row = await svc.repo.get(outcome.task_id)
-    return task_view(row) if row else {}
+    """The task as just submitted, without reading it back (a replay reads the current row)."""
+    if outcome.row is not None:
+        return task_view(outcome.row, outcome.waiting_reason())
+    return await _view(svc, await svc.repo.get(outcome.task_id) or {})
 
 
 @router.get("/summary", response_model=Summary, responses={**AUTH})
-async def summary(caller: Caller, svc: Svc) -> Any:
-    """Exact counts by status and by type (your own tasks unless you hold an admin key)."""
-    return await svc.repo.summary(owner=caller.owner_filter())
+async def summary(caller: Caller, svc: Svc, request: Request) -> Any:
+    """Exact counts by status and by type (your own tasks unless you hold an admin key), as of
+    `age_seconds` ago: they are counted at most every DTASK_METRICS_CACHE_SECONDS."""
+    owner = caller.owner_filter()
+    cache: TtlCache[dict[str, Any]] = request.app.state.summary_cache
+    counts, age = await cache.get(owner, lambda: svc.repo.summary(owner=owner))
+    return {**counts, "age_seconds": round(age, 3)}
 
 
 @router.get("", response_model=TaskPage, responses={**AUTH})
@@ -210,7 +211,8 @@ async def list_tasks(
 
 @router.get("/{task_id}", response_model=TaskOut, responses={**AUTH, **NOT_FOUND})
 async def get_task(task_id: uuid.UUID, caller: Caller, svc: Svc) -> Any:
-    return await _view(svc, await _owned(svc, task_id, caller))
+    """One of your tasks (any task with an admin key), with `waiting_reason` while pending."""
+    return await _view(svc, await task_actions.owned_task(svc, task_id, caller))
 
 
 @router.post(
@@ -225,14 +227,9 @@ async def get_task(task_id: uuid.UUID, caller: Caller, svc: Svc) -> Any:
 )
 async def cancel_task(task_id: uuid.UUID, caller: Caller, svc: Svc, response: Response) -> Any:
     """Pending: cancelled now (200). Running: cancel requested, it stops at its next heartbeat (202)."""
-    await _owned(svc, task_id, caller)
-    outcome = await svc.repo.request_cancel(task_id, svc.registry)
-    if outcome is None:
-        raise HTTPException(404, "no such task")
-    if outcome == "terminal":
-        raise HTTPException(409, "task already finished")
+    outcome = await task_actions.cancel_task(svc, task_id, caller)
     response.status_code = status.HTTP_200_OK if outcome == "cancelled" else status.HTTP_202_ACCEPTED
-    return await _view(svc, await _owned(svc, task_id, caller))
+    return await _view(svc, await task_actions.owned_task(svc, task_id, caller))
 
 
 @router.delete(
@@ -242,10 +239,6 @@ async def cancel_task(task_id: uuid.UUID, caller: Caller, svc: Svc, response: Re
     responses={**AUTH, **NOT_FOUND, 409: {"model": Message, "description": "Task not finished"}},
 )
 async def delete_task(task_id: uuid.UUID, caller: Caller, svc: Svc) -> Response:
-    await _owned(svc, task_id, caller)
-    outcome = await svc.repo.delete(task_id)
-    if outcome is None:
-        raise HTTPException(404, "no such task")
-    if outcome == "active":
-        raise HTTPException(409, "only finished tasks can be deleted; cancel it first")
+    """Delete a finished task and its attempt records (cancel an active one first)."""
+    await task_actions.delete_task(svc, task_id, caller)
     return Response(status_code=204)

@@ -1,22 +1,21 @@
 """The Celery app (`celery -A tasks_core.celery_app worker|beat|flower`) and its tasks.
 
-Each worker process owns one asyncio loop (an ``asyncio.Runner``) and one database pool, created
-after fork on first use, never at import or in the parent. Every Celery task runs its coroutine
-on that loop, so a task's heartbeat runs beside its handler.
+Each worker process owns one asyncio loop (``tasks_core.worker_loop``, in a thread of its own) and
+one database pool, created after fork on first use, never at import or in the parent. Every Celery
+task runs its coroutine on that loop, so a task's heartbeat runs beside its handler; the dense mode
+(``--pool threads``) runs many tasks at once on it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import math
 import os
 import signal
 import sys
-import time
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+import threading
+from typing import Any
 
 from celery import Celery
 from celery.signals import (
@@ -26,14 +25,17 @@ from celery.signals import (
     worker_init,
     worker_process_init,
     worker_process_shutdown,
+    worker_shutdown,
     worker_shutting_down,
 )
 
-from tasks_core import logs, metrics
-from tasks_core.runtime import ShutdownSignal
+from tasks_core import logs
+from tasks_core.worker_loop import WorkerLoop
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
+# prefork: a task per child process; solo: one at a time; threads: the dense mode, many tasks per
+# process on one event loop. Others (gevent, eventlet, processes...) are refused at start-up.
+SUPPORTED_POOLS = ("concurrency.prefork", "concurrency.solo", "concurrency.thread")
 
 app = Celery("durable_tasks")
 app.config_from_object("celeryconfig")
@@ -59,68 +61,31 @@ def _truncate_logs(logger: logging.Logger | None = None, **_: Any) -> None:
 CHILD_SHUTDOWN_SIGNAL = signal.SIGUSR2
 
 
-# The worker's Celery node name (``-n``), captured in the main process before the pool forks.
+# Captured in the worker's main process (before a prefork pool forks): the Celery node name
+# (``-n``), whether the pool is the dense mode (threads), and its concurrency.
 _node_name: str | None = None
+_dense = False
+_concurrency = 1
+
+_state: WorkerLoop | None = None
+_state_lock = threading.Lock()
 
 
-class ProcessState:
-    def __init__(self) -> None:
-        from tasks_core.services import build_services
-        from tasks_core.settings import get_settings
-
-        self.pid = os.getpid()
-        self.runner = asyncio.Runner()
-        self.shutdown = ShutdownSignal()
-        # Connections are opened lazily, inside this process's loop. The attempts audit trail
-        # (and the readiness fact) name the exact worker process, not just the machine: several
-        # workers share a host, and operators must tell which one owned an attempt.
-        extra = {"worker_name": f"{_node_name}:{self.pid}"} if _node_name else None
-        self.services = build_services(get_settings(), pool_size=3, extra=extra, pre_ping=False)
-        # An unresponsive handler was left running in this loop: the process must be recycled.
-        self.abandoned = False
-        self.flushed_at = 0.0
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        try:
-            return self.runner.run(coro)
-        finally:
-            # At most every DTASK_METRICS_FLUSH_SECONDS: a flush per task is a Redis round trip
-            # per task. The last deltas go when the process stops.
-            if time.monotonic() - self.flushed_at >= self.services.settings.metrics_flush_seconds:
-                self.runner.run(self._flush_metrics())
-
-    async def _flush_metrics(self) -> None:
-        self.flushed_at = time.monotonic()
-        try:
-            await metrics.flush(self.services.redis)
-        except Exception:  # metrics must never fail a task; the deltas wait for the next flush
-            log.warning("could not flush metrics to Redis", exc_info=True)
-
-    def request_shutdown(self) -> None:
-        self.runner.get_loop().call_soon_threadsafe(self.shutdown.set)
-
-    def close(self) -> None:
-        try:
-            self.runner.run(self._flush_metrics())
-            self.runner.run(self.services.close())
-        finally:
-            # Runner.close() waits for every task left in the loop to finish its cancellation; a
-            # handler that ignores cancellation would hold the process forever. Then the process
-            # exits without closing the loop.
-            if not self.abandoned:
-                self.runner.close()
-
-
-_state: ProcessState | None = None
-
-
-def process_state() -> ProcessState:
+def process_state() -> WorkerLoop:
+    """This process's loop, created on first use (after fork, in a prefork child)."""
     global _state
-    if _state is None or _state.pid != os.getpid():
-        _state = ProcessState()
-        if _is_pool_child():
-            signal.signal(CHILD_SHUTDOWN_SIGNAL, _on_child_shutdown_signal)
-    return _state
+    with _state_lock:
+        if _state is None or _state.pid != os.getpid():
+            from tasks_core.settings import get_settings
+
+            # The attempts audit trail (and the readiness fact) name the exact worker process, not
+            # just the machine: several workers share a host, and operators must tell which one
+            # owned an attempt.
+            name = f"{_node_name}:{os.getpid()}" if _node_name else None
+            _state = WorkerLoop(get_settings(), worker_name=name, dense=_dense, concurrency=_concurrency)
+            if _is_pool_child():
+                signal.signal(CHILD_SHUTDOWN_SIGNAL, _on_child_shutdown_signal)
+        return _state
 
 
 def _on_child_shutdown_signal(*_: Any) -> None:
@@ -137,8 +102,16 @@ def _is_pool_child() -> bool:
 @worker_init.connect
 def _check_schema_on_start(sender: Any = None, **_: Any) -> None:
     """Fail closed: a worker never runs against a schema it was not written for."""
-    global _node_name
+    global _node_name, _dense, _concurrency
     _node_name = getattr(sender, "hostname", None)
+    pool = getattr(sender, "pool_cls", None)
+    pool_name = f"{getattr(pool, '__module__', '')}.{getattr(pool, '__name__', pool)}"
+    if not any(kind in pool_name for kind in SUPPORTED_POOLS):
+        print(f"dtask worker: refusing to start: pool {pool_name} is not supported "
+              f"(use prefork, solo or threads)", file=sys.stderr, flush=True)
+        os._exit(2)
+    _dense = "concurrency.thread" in pool_name
+    _concurrency = int(getattr(sender, "concurrency", 1) or 1)
     _fail_closed_on_schema("dtask worker")
 
 
@@ -173,10 +146,16 @@ def _close_process(**_: Any) -> None:
         _state = None
 
 
+@worker_shutdown.connect
+def _close_main_process(**_: Any) -> None:
+    # Solo and threads pools run tasks in the main process: close its loop as the worker stops.
+    _close_process()
+
+
 @worker_shutting_down.connect
 def _on_shutting_down(**_: Any) -> None:
     """Warm shutdown: tell every running handler (grace period, then a terminal write)."""
-    if _state is not None and _state.pid == os.getpid():  # solo pool: tasks run here
+    if _state is not None and _state.pid == os.getpid():  # solo and threads pools: tasks run here
         _state.request_shutdown()
     from billiard.process import active_children
 
@@ -194,14 +173,15 @@ def run(task_id: Any) -> str:
     try:
         return state.run(run_task(state.services, task_id, state.shutdown)).status
     except HandlerUnresponsive as exc:
-        # The handler still runs in this process's event loop and would run on during the next
-        # task. Its attempt has ended; recycle the process (billiard reports the SystemExit as this
-        # job's result and starts a fresh child). The solo pool has no child to recycle.
+        # The handler still runs in this process's event loop. Its attempt has ended; a prefork
+        # child is recycled (billiard reports the SystemExit as this job's result and starts a
+        # fresh child). The solo and threads pools share the process with other work: the handler
+        # is left to finish on its own, its writes all refused.
         state.abandoned = True
         if _is_pool_child():
             log.error("recycling this pool process: an unresponsive handler still runs in it")
             raise SystemExit(1) from exc
-        log.error("an unresponsive handler keeps running in this solo worker; restart it to stop it")
+        log.error("an unresponsive handler keeps running in this worker; restart it to stop it")
         return str(exc.args[0])
 
 

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import json
 import logging
+import os
+import signal
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -130,22 +135,39 @@ def db_status() -> None:
 
 @cli.command()
 def worker(
-    concurrency: Annotated[int | None, typer.Option("--concurrency", "-c", help="pool processes")] = None,
-    pool: Annotated[str, typer.Option(help="prefork or solo")] = "prefork",
+    concurrency: Annotated[
+        int | None, typer.Option("--concurrency", "-c", help="tasks at once: pool processes, or threads")
+    ] = None,
+    pool: Annotated[
+        str,
+        typer.Option(
+            help="prefork (a process per task: CPU-heavy handlers), threads (the dense mode: many "
+            "I/O-bound tasks in one process, on one event loop) or solo"
+        ),
+    ] = "prefork",
+    queues: Annotated[
+        str | None,
+        typer.Option(
+            "--queues", "-Q", help="task queues to consume, comma-separated (default: durable); duties always"
+        ),
+    ] = None,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
     hostname: Annotated[str | None, typer.Option("--hostname", "-n")] = None,
 ) -> None:
-    """Run a worker: durable tasks and the duties that recover them (both queues)."""
+    """Run a worker: durable tasks and the duties that recover them."""
+    if pool not in WORKER_POOLS:
+        _fail(f"--pool {pool!r} is not supported: use {', '.join(WORKER_POOLS)}", Exit.USAGE)
     settings = get_settings()
     settings.require_broker()
     _schema_gate(settings)
     from tasks_core.celery_app import app
     from tasks_core.transport import DURABLE_QUEUE, DUTIES_QUEUE
 
+    consumed = [q.strip() for q in (queues or DURABLE_QUEUE).split(",") if q.strip()]
     argv = [
         "worker",
         "-Q",
-        f"{DURABLE_QUEUE},{DUTIES_QUEUE}",
+        ",".join(dict.fromkeys([*consumed, DUTIES_QUEUE])),  # every worker runs the duties
         "-c",
         str(concurrency or settings.concurrency),
         "-P",
@@ -154,9 +176,14 @@ def worker(
         loglevel,
         "-E",
     ]
-    if hostname:
-        argv += ["-n", hostname]
+    # A node name of its own per process: two workers on one host must not share one (on RabbitMQ
+    # the node's pidbox queue is exclusive, and the second would fail to start).
+    argv += ["-n", hostname or f"dtask-{os.getpid()}@%h"]
     app.worker_main(argv)
+
+
+# prefork, the dense mode (threads), and solo; Celery's other pools are refused.
+WORKER_POOLS = ("prefork", "threads", "solo")
 
 
 @cli.command()
@@ -214,6 +241,10 @@ def flower(
     flower_command(address, port, insecure_local)
 
 
+# How long `dtask submit` rides out a database blink (retrying under one Idempotency-Key).
+SUBMIT_RETRY_SECONDS = 10.0
+
+
 @cli.command()
 def submit(
     task_type: str,
@@ -221,9 +252,18 @@ def submit(
     dedupe_key: Annotated[str | None, typer.Option()] = None,
     timeout: Annotated[float | None, typer.Option(help="seconds")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="show progress until the task ends")] = False,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(help="makes a repeated submit return the first one's task (kept 24 h); default: fresh"),
+    ] = None,
 ) -> None:
-    """Submit a task and print its id."""
-    from tasks_core.submission import InvalidTask, Submitter, TaskIntent
+    """Submit a task and print its id.
+
+    A database blink is ridden out: the submission is retried for a few seconds under one
+    Idempotency-Key, so a retry after a lost answer never stores the task twice."""
+    from tasks_core import metrics
+    from tasks_core.lease import retry_transient
+    from tasks_core.submission import Idempotency, InvalidTask, Submitter, TaskIntent
 
     # Before anything is stored: a task nobody can send would wait for a broker that does not exist.
     get_settings().require_broker()
@@ -232,11 +272,22 @@ def submit(
     except json.JSONDecodeError as exc:
         _fail(f"--payload is not JSON: {exc}", Exit.USAGE)
 
+    intent = TaskIntent(task_type, body, dedupe_key=dedupe_key, timeout_seconds=timeout)
+    key = idempotency_key or str(uuid.uuid4())
+    request = json.dumps([task_type, body, dedupe_key, timeout], sort_keys=True)
+    idempotency = Idempotency(key, hashlib.sha256(request.encode()).hexdigest())
+
     async def go() -> Any:
         async with _client() as services:
-            return await Submitter(services).submit(
-                TaskIntent(task_type, body, dedupe_key=dedupe_key, timeout_seconds=timeout), owner="cli"
+            deadline = time.monotonic() + SUBMIT_RETRY_SECONDS
+            result = await retry_transient(
+                lambda: Submitter(services).submit(intent, owner="cli", idempotency=idempotency),
+                lambda: deadline,
+                "submission",
             )
+            with contextlib.suppress(Exception):  # the counters wait for the next flush
+                await metrics.flush(services.redis)
+            return result
 
     try:
         result = _run(go)
@@ -244,19 +295,23 @@ def submit(
         _fail(f"invalid task: {exc}", Exit.USAGE)
     if result.duplicate_of is not None:
         typer.echo(f"an active task already holds this dedupe key: {result.duplicate_of}", err=True)
-    elif not result.published:
-        typer.echo(
-            f"warning: not published yet ({result.publish_error}); the publisher will send it", err=True
-        )
-    typer.echo(str(result.task_id))
+    elif result.publish_error:
+        warning = f"warning: not published yet ({result.publish_error}); the publisher will send it"
+        typer.echo(warning, err=True)
+    elif not result.published and not result.replayed:
+        typer.echo("waiting for a free slot: it is sent as soon as capacity frees", err=True)
     if wait:
         _watch(result.task_id)
+    typer.echo(str(result.task_id))
 
 
 def _watch(task_id: uuid.UUID) -> NoReturn:
     try:
+        # The id is printed inside the guard: a Ctrl-C right after it still gets the sentence below.
+        typer.echo(str(task_id))
         code = _wait(task_id)
     except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the sentence
         _fail(
             f"stopped watching; task {task_id} goes on. Watch it with `dtask show {task_id}`, "
             f"cancel it with `dtask cancel {task_id}`",

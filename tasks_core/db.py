@@ -90,6 +90,7 @@ def make_engine(
     statement_seconds: float | None = None,
     connect_seconds: float = 5.0,
     pre_ping: bool = True,
+    max_overflow: int = 5,
 ) -> AsyncEngine:
     """An asyncpg engine whose every call has a deadline.
 
@@ -116,7 +117,7 @@ def make_engine(
     return create_async_engine(
         url,
         pool_size=pool_size,
-        max_overflow=5,
+        max_overflow=max_overflow,
         pool_pre_ping=pre_ping,
         pool_timeout=connect_seconds,
         connect_args=connect_args,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tasks_core.relay import publish_ids
+from tasks_core.relay import publish_due
 from tasks_core.services import Services
 
 
@@ -20,7 +20,7 @@ class PublishReport:
 async def publish_pending(services: Services) -> PublishReport:
     s = services.settings
     failed = await services.repo.fail_unrunnable_pending(services.registry, batch=s.publish_batch)
-    ids = await services.repo.claim_for_publish(
+    due = await services.repo.take_due(
         services.registry,
         capacity=s.capacity,
         ahead=s.ahead,
@@ -29,5 +29,5 @@ async def publish_pending(services: Services) -> PublishReport:
         republish_after=s.publish_seconds,
         owner_max_running=s.owner_max_running,
     )
-    error = await publish_ids(services, ids, by="publisher")
-    return PublishReport(published=0 if error else len(ids), failed_closed=failed)
+    sent = await publish_due(services, due, by="publisher")
+    return PublishReport(published=len(sent.ids), failed_closed=failed)

@@ -53,6 +53,10 @@ class TaskSpec:
     payload: type[BaseModel] | None = None
     # Built-in smoke-test types: who may submit them is DTASK_DIAGNOSTICS (admin, all, off).
     diagnostic: bool = False
+    # The broker queue its task ids travel on. Workers choose queues (`dtask worker --queues`), so
+    # CPU-heavy types (say "durable-cpu") go to prefork workers and I/O-bound ones stay on
+    # "durable", served by the dense mode (`--pool threads`). Capacity stays cluster-wide.
+    queue: str = "durable"
 
     def __post_init__(self) -> None:
         if self.version <= LEGACY_VERSION:
@@ -96,6 +100,10 @@ class Registry:
 
     def specs(self) -> list[TaskSpec]:
         return list(self._specs.values())
+
+    def queue_of(self, task_type: str) -> str:
+        spec = self._specs.get(task_type)
+        return spec.queue if spec is not None else "durable"
 
     def runnable(self, task_type: str, version: int) -> TaskSpec | None:
         """The spec that may run a row of this type and version (only the current version runs)."""

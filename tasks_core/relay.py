@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from tasks_core import metrics
 from tasks_core.services import Services
+from tasks_core.transport import DURABLE_QUEUE
 
 log = logging.getLogger(__name__)
 
@@ -21,9 +23,9 @@ class Relayed:
 
 
 async def relay(services: Services, *, by: str = "relay") -> Relayed:
-    """Publish what capacity can take now (see TaskRepository.claim_for_publish)."""
+    """Publish what capacity can take now (see TaskRepository.take_due)."""
     s = services.settings
-    ids = await services.repo.claim_for_publish(
+    due = await services.repo.take_due(
         services.registry,
         capacity=s.capacity,
         ahead=s.ahead,
@@ -32,16 +34,32 @@ async def relay(services: Services, *, by: str = "relay") -> Relayed:
         republish_after=None,
         owner_max_running=s.owner_max_running,
     )
-    error = await publish_ids(services, ids, by=by)
-    return Relayed([] if error else ids, error)
+    return await publish_due(services, due, by=by)
 
 
-async def publish_ids(services: Services, ids: list[uuid.UUID], *, by: str) -> str | None:
+async def publish_due(services: Services, due: list[tuple[uuid.UUID, str]], *, by: str) -> Relayed:
+    """Publish (id, type) pairs, each on its type's queue."""
+    queues: defaultdict[str, list[uuid.UUID]] = defaultdict(list)
+    for task_id, task_type in due:
+        queues[services.registry.queue_of(task_type)].append(task_id)
+    sent: list[uuid.UUID] = []
+    error = None
+    for queue, ids in queues.items():
+        failure = await publish_ids(services, ids, by=by, queue=queue)
+        if failure is None:
+            sent += ids
+        error = error or failure
+    return Relayed(sent, error)
+
+
+async def publish_ids(
+    services: Services, ids: list[uuid.UUID], *, by: str, queue: str = DURABLE_QUEUE
+) -> str | None:
     """Publish ids; a failure is recorded on the rows (they stay pending) and returned, not raised."""
     if not ids:
         return None
     try:
-        await services.transport.publish([str(i) for i in ids])
+        await services.transport.publish([str(i) for i in ids], queue)
     except Exception as exc:
         # Task owners read this (waiting_reason): the exception's class only, since its text can
         # name internal hosts and ports; the details go to the log.

@@ -126,8 +126,11 @@ PUBLISH_DUE_SQL = text(
         FOR UPDATE SKIP LOCKED)
     UPDATE tasks t SET last_published_at = {NOW}, publish_error = NULL
     FROM due WHERE t.id = due.id
-    RETURNING t.id, t.created_at"""
+    RETURNING t.id, t.created_at, t.task_type"""
 )
+# A slot row held for a task that is not running under the slot's token.
+ORPHAN_SLOT = """s.task_id IS NOT NULL AND NOT EXISTS (
+    SELECT 1 FROM tasks t WHERE t.id = s.task_id AND t.status = 'running' AND t.attempt_token = s.token)"""
 FREE_SLOT_SQL = text("UPDATE task_slots SET task_id = NULL, token = NULL WHERE task_id = :id")
 # A refused message was acknowledged and dropped, so none is in flight for the task any more:
 # clear its publication stamp, and the relay (when a slot frees) or the publisher re-sends it.
@@ -171,6 +174,8 @@ class Inserted:
     id: uuid.UUID
     # Set when an active task already holds the dedupe key: that task's id.
     duplicate_of: uuid.UUID | None = None
+    # The stored row, as inserted (None for a duplicate).
+    row: Row | None = None
 
 
 @dataclass(frozen=True)
@@ -251,29 +256,33 @@ class TaskRepository:
         for _ in range(5):
             task_id = uuid.uuid4()
             inserted = (
-                await conn.execute(
-                    text(
-                        f"""INSERT INTO tasks (id, task_type, handler_version, payload, owner, status,
+                (
+                    await conn.execute(
+                        text(
+                            f"""INSERT INTO tasks (id, task_type, handler_version, payload, owner, status,
                                dedupe_key, timeout_seconds, created_at)
                         VALUES (:id, :tt, :hv, CAST(:payload AS jsonb), :owner, 'pending', :dk, :timeout,
                                 {NOW})
                         ON CONFLICT (owner, task_type, dedupe_key)
                             WHERE status IN {ACTIVE_SQL} AND dedupe_key IS NOT NULL
-                        DO NOTHING RETURNING id"""
-                    ),
-                    self._p(
-                        id=task_id,
-                        tt=new.task_type,
-                        hv=new.handler_version,
-                        payload=json.dumps(new.payload),
-                        owner=new.owner,
-                        dk=new.dedupe_key,
-                        timeout=new.timeout_seconds,
-                    ),
+                        DO NOTHING RETURNING *"""
+                        ),
+                        self._p(
+                            id=task_id,
+                            tt=new.task_type,
+                            hv=new.handler_version,
+                            payload=json.dumps(new.payload),
+                            owner=new.owner,
+                            dk=new.dedupe_key,
+                            timeout=new.timeout_seconds,
+                        ),
+                    )
                 )
-            ).scalar()
+                .mappings()
+                .first()
+            )
             if inserted is not None:
-                return Inserted(id=inserted)
+                return Inserted(id=task_id, row=dict(inserted))
             holder = (
                 await conn.execute(
                     text(
@@ -287,6 +296,52 @@ class TaskRepository:
                 return Inserted(id=holder, duplicate_of=holder)
             # The holder finished between our insert and our look-up: the key is free again.
         raise RuntimeError("dedupe key kept changing hands; giving up")
+
+    async def insert_many(self, conn: AsyncConnection, news: Sequence[NewTask]) -> list[Inserted]:
+        """Insert many pending tasks in one statement (in order), in the caller's transaction; an
+        entry whose dedupe key an active task of its owner holds (one earlier in the same batch
+        included) gets that holder instead of a row."""
+        if not news:
+            return []
+        ids = [uuid.uuid4() for _ in news]
+        columns = {
+            "ids": ids,
+            "types": [n.task_type for n in news],
+            "versions": [n.handler_version for n in news],
+            "payloads": [json.dumps(n.payload) for n in news],
+            "owners": [n.owner for n in news],
+            "keys": [n.dedupe_key for n in news],
+            "timeouts": [n.timeout_seconds for n in news],
+        }
+        stored = {
+            row["id"]: dict(row)
+            for row in (
+                await conn.execute(
+                    text(
+                        f"""INSERT INTO tasks (id, task_type, handler_version, payload, owner, status,
+                               dedupe_key, timeout_seconds, created_at)
+                        SELECT id, task_type, hv, CAST(payload AS jsonb), owner, 'pending', key, timeout,
+                               {NOW}
+                        FROM unnest(CAST(:ids AS uuid[]), CAST(:types AS text[]), CAST(:versions AS int[]),
+                                    CAST(:payloads AS text[]), CAST(:owners AS text[]), CAST(:keys AS text[]),
+                                    CAST(:timeouts AS float8[]))
+                             WITH ORDINALITY AS n(id, task_type, hv, payload, owner, key, timeout, ord)
+                        ORDER BY ord
+                        ON CONFLICT (owner, task_type, dedupe_key)
+                            WHERE status IN {ACTIVE_SQL} AND dedupe_key IS NOT NULL
+                        DO NOTHING RETURNING *"""
+                    ),
+                    self._p(**columns),
+                )
+            ).mappings()
+        }
+        out: list[Inserted] = []
+        for task_id, new in zip(ids, news, strict=True):
+            if task_id in stored:
+                out.append(Inserted(id=task_id, row=stored[task_id]))
+            else:  # a held dedupe key: the holder (rare enough to look up one by one)
+                out.append(await self.insert(conn, new))
+        return out
 
     async def take_idempotency_key(
         self, conn: AsyncConnection, owner: str, key: str, request_hash: str
@@ -306,15 +361,19 @@ class TaskRepository:
         if (await conn.execute(take, params)).first() is not None:
             return None
         earlier = (
-            await conn.execute(
-                text(
-                    f"""SELECT request_hash, response, created_at < {NOW} - make_interval(secs => :ttl)
+            (
+                await conn.execute(
+                    text(
+                        f"""SELECT request_hash, response, created_at < {NOW} - make_interval(secs => :ttl)
                           AS expired
                     FROM idempotency_keys WHERE owner = :owner AND key = :key FOR UPDATE"""
-                ),
-                params,
+                    ),
+                    params,
+                )
             )
-        ).mappings().first()
+            .mappings()
+            .first()
+        )
         if earlier is None or earlier["expired"]:
             forget = "DELETE FROM idempotency_keys WHERE owner = :owner AND key = :key"
             await conn.execute(text(forget), params)
@@ -399,35 +458,42 @@ class TaskRepository:
         limit applies does the claim first take that type's / owner's lock, for at most
         ``lock_wait_seconds`` (``capacity_busy`` past it: the task is re-sent later).
         """
-        await self._ensure_slots(capacity)
         caps = _type_caps(registry)
         params = self._p(
-            id=task_id, tok=uuid.uuid4(), lease=lease_seconds, worker=worker, cap=capacity,
-            omax=owner_max_running, **_runnable_arrays(registry), **caps,
+            id=task_id,
+            tok=uuid.uuid4(),
+            lease=lease_seconds,
+            worker=worker,
+            cap=capacity,
+            omax=owner_max_running,
+            **_runnable_arrays(registry),
+            **caps,
         )
-        try:
-            if not caps["ctypes"] and owner_max_running is None:
-                async with self._autocommit() as conn:
-                    claimed = (await conn.execute(CLAIM_SQL, params)).mappings().first()
-            else:
-                claimed = await self._claim_under_locks(task_id, params, lock_wait_seconds)
-        except DBAPIError as exc:
-            if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
-                raise
-            await self.message_dropped(task_id)
-            return "capacity_busy"
-        if claimed is None:
+        for repaired in (False, True):
+            await self._ensure_slots(capacity)
+            try:
+                if not caps["ctypes"] and owner_max_running is None:
+                    async with self._autocommit() as conn:
+                        claimed = (await conn.execute(CLAIM_SQL, params)).mappings().first()
+                else:
+                    claimed = await self._claim_under_locks(task_id, params, lock_wait_seconds)
+            except DBAPIError as exc:
+                if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                    raise
+                await self.message_dropped(task_id)
+                return "capacity_busy"
+            if claimed is not None:
+                task = dict(claimed)
+                return Claim(task=task, token=task["attempt_token"], attempt=task["attempt_count"])
             reason = await self._refusal(task_id, registry, capacity, owner_max_running)
-            if reason != "slots_missing":
+            if reason not in ("slots_missing", "slots_stale"):
                 return reason
-            # Slot rows were removed behind our back (a truncated table): add them, claim again.
-            self._slots = 0
-            return await self.claim(
-                task_id, registry, capacity=capacity, lease_seconds=lease_seconds, worker=worker,
-                lock_wait_seconds=lock_wait_seconds, owner_max_running=owner_max_running,
-            )
-        task = dict(claimed)
-        return Claim(task=task, token=task["attempt_token"], attempt=task["attempt_count"])
+            if not repaired:
+                # Slot rows were removed, or left held, behind the runtime's back (a truncated or
+                # hand-edited table): repair them once and claim again.
+                self._slots = 0
+                await self.free_orphan_slots()
+        return "capacity_full"
 
     async def _claim_under_locks(
         self, task_id: uuid.UUID, params: dict[str, Any], lock_wait_seconds: float
@@ -445,13 +511,29 @@ class TaskRepository:
                 {"ms": f"{max(1, int(lock_wait_seconds * 1000))}ms"},
             )
             if row[0] in params["ctypes"]:
-                await conn.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"),
-                                   {"k": f"dtask-type:{row[0]}"})
+                await conn.execute(
+                    text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"),
+                    {"k": f"dtask-type:{row[0]}"},
+                )
             if params["omax"] is not None and row[1] is not None:
-                await conn.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"),
-                                   {"k": f"dtask-owner:{row[1]}"})
+                await conn.execute(
+                    text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"),
+                    {"k": f"dtask-owner:{row[1]}"},
+                )
             claimed = (await conn.execute(CLAIM_SQL, params)).mappings().first()
             return None if claimed is None else dict(claimed)
+
+    async def free_orphan_slots(self) -> int:
+        """Free capacity slots held for a task that no longer runs under that token (only a change
+        made outside the runtime can leave one: every write that ends an attempt frees its slot)."""
+        async with self._autocommit() as conn:
+            return int(
+                (
+                    await conn.execute(
+                        text(f"UPDATE task_slots s SET task_id = NULL, token = NULL WHERE {ORPHAN_SLOT}")
+                    )
+                ).rowcount
+            )
 
     async def _ensure_slots(self, capacity: int) -> None:
         if capacity > self._slots:
@@ -481,19 +563,26 @@ class TaskRepository:
         (its message was dropped), in the same statement."""
         async with self._autocommit() as conn:
             row = (
-                await conn.execute(
-                    text(
-                        f"""WITH marked AS ({UNPUBLISH_SQL.text} AND cancel_requested_at IS NULL RETURNING id)
+                (
+                    await conn.execute(
+                        text(
+                            f"""WITH marked AS (
+                            {UNPUBLISH_SQL.text} AND cancel_requested_at IS NULL RETURNING id)
                         SELECT status, cancel_requested_at IS NOT NULL AS cancel, task_type, handler_version,
                                not_before > {NOW} AS backoff, NOT {OWNER_UNDER_LIMIT} AS owner_full,
                                NOT EXISTS (SELECT 1 FROM task_slots WHERE slot < :cap AND task_id IS NULL)
                                  AS full,
-                               (SELECT count(*) FROM task_slots WHERE slot < :cap) < :cap AS missing
+                               (SELECT count(*) FROM task_slots WHERE slot < :cap) < :cap AS missing,
+                               EXISTS (SELECT 1 FROM task_slots s WHERE s.slot < :cap AND {ORPHAN_SLOT})
+                                 AS stale
                         FROM tasks WHERE id = :id"""
-                    ),
-                    self._p(id=task_id, omax=owner_max_running, cap=capacity),
+                        ),
+                        self._p(id=task_id, omax=owner_max_running, cap=capacity),
+                    )
                 )
-            ).mappings().first()
+                .mappings()
+                .first()
+            )
         if row is None:
             return "unknown_task"
         if row["status"] != Status.PENDING:
@@ -508,6 +597,8 @@ class TaskRepository:
             return "owner_limit"
         if row["full"] and row["missing"] and self._slots:
             return "slots_missing"
+        if row["full"] and row["stale"]:
+            return "slots_stale"
         return "capacity_full"  # the cluster's, or the type's (TaskSpec.concurrency)
 
     # ---------------------------------------------------------------- owner writes
@@ -590,7 +681,11 @@ class TaskRepository:
         """
         outcome = error["code"] if error else status.value
         params = self._p(
-            id=task_id, tok=token, status=status.value, outcome=outcome, detail=detail,
+            id=task_id,
+            tok=token,
+            status=status.value,
+            outcome=outcome,
+            detail=detail,
             result=None if result is None else json.dumps(result),
             error=None if error is None else json.dumps(error),
             cancelled=json.dumps({"code": "cancelled", "message": "cancel requested"}),
@@ -614,8 +709,12 @@ class TaskRepository:
             final = Status(row["status"])
             # The hook sees the row as the ending attempt left it: its token, its final status.
             task = {**row, "attempt_token": token}
-            final_hook = hook if (final == Status.SUCCESS) == (status == Status.SUCCESS) else (
-                hooks.hook_for(task["task_type"], task["handler_version"], "failure") if hooks else None
+            final_hook = (
+                hook
+                if (final == Status.SUCCESS) == (status == Status.SUCCESS)
+                else (
+                    hooks.hook_for(task["task_type"], task["handler_version"], "failure") if hooks else None
+                )
             )
             if final_hook is not None:
                 try:
@@ -642,8 +741,9 @@ class TaskRepository:
         """(type, version): a row's type never changes, so this may be read before the write."""
         async with self._auto.connect() as conn:
             row = (
-                await conn.execute(text("SELECT task_type, handler_version FROM tasks WHERE id = :id"),
-                                   {"id": task_id})
+                await conn.execute(
+                    text("SELECT task_type, handler_version FROM tasks WHERE id = :id"), {"id": task_id}
+                )
             ).first()
         return None if row is None else (row[0], row[1])
 
@@ -845,17 +945,7 @@ class TaskRepository:
         reconcilers never fight; a task whose convergence fails is skipped for the rest of the run.
         """
         report = ReconcileReport()
-        async with self._autocommit() as conn:
-            report.slots_freed = (
-                await conn.execute(
-                    text(
-                        """UPDATE task_slots s SET task_id = NULL, token = NULL
-                        WHERE s.task_id IS NOT NULL AND NOT EXISTS (
-                            SELECT 1 FROM tasks t WHERE t.id = s.task_id AND t.status = 'running'
-                              AND t.attempt_token = s.token)"""
-                    )
-                )
-            ).rowcount
+        report.slots_freed = await self.free_orphan_slots()
         skip: list[uuid.UUID] = []
         for _ in range(batch):
             async with self.engine.begin() as conn:
@@ -1005,7 +1095,26 @@ class TaskRepository:
         window: float = 60.0,
         owner_max_running: int | None = None,
     ) -> list[uuid.UUID]:
-        """The oldest runnable pending tasks the cluster can take now, stamped as published.
+        """The ids of ``take_due`` (same arguments)."""
+        due = await self.take_due(
+            registry, limit=limit, republish_after=republish_after, capacity=capacity, ahead=ahead,
+            window=window, owner_max_running=owner_max_running,
+        )
+        return [task_id for task_id, _type in due]
+
+    async def take_due(
+        self,
+        registry: RunnableSource,
+        *,
+        limit: int,
+        republish_after: float | None,
+        capacity: int | None = None,
+        ahead: int = 0,
+        window: float = 60.0,
+        owner_max_running: int | None = None,
+    ) -> list[tuple[uuid.UUID, str]]:
+        """The oldest runnable pending tasks the cluster can take now (id, type), stamped as
+        published.
 
         The budget is what capacity can take: ``capacity + ahead`` minus the tasks running and
         minus the messages in flight (pending tasks published within ``window``), so a thousand
@@ -1020,12 +1129,17 @@ class TaskRepository:
                 await conn.execute(
                     PUBLISH_DUE_SQL,
                     self._p(
-                        cap=capacity, ahead=ahead, window=window, after=republish_after, limit=limit,
-                        omax=owner_max_running, **_runnable_arrays(registry),
+                        cap=capacity,
+                        ahead=ahead,
+                        window=window,
+                        after=republish_after,
+                        limit=limit,
+                        omax=owner_max_running,
+                        **_runnable_arrays(registry),
                     ),
                 )
             ).all()
-        return [r[0] for r in sorted(ids, key=lambda r: (r[1], r[0]))]
+        return [(r[0], r[2]) for r in sorted(ids, key=lambda r: (r[1], r[0]))]
 
     # ---------------------------------------------------------------- reads
 

@@ -39,6 +39,8 @@ class ShutdownSignal:
         self.event.set()
 
 
+# Handler tasks are named "<prefix><task type>:<task id>": the loop watchdog names a blocking one.
+HANDLER_TASK_PREFIX = "dtask-handler:"
 # How long a claim is retried through a database blink before its message is dropped.
 CLAIM_RETRY_SECONDS = 2.0
 
@@ -185,7 +187,8 @@ class Execution:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         self._handler_task = asyncio.create_task(
-            cast(Coroutine[Any, Any, Any], handler(self.ctx)), name=f"handler-{self.task_id}"
+            cast(Coroutine[Any, Any, Any], handler(self.ctx)),
+            name=f"{HANDLER_TASK_PREFIX}{self.spec.task_type}:{self.task_id}",
         )
         heartbeat = asyncio.create_task(self._heartbeat(), name="heartbeat")
         watch = asyncio.create_task(self._watch_shutdown(), name="shutdown-watch")

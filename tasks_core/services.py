@@ -18,7 +18,7 @@ from tasks_core.settings import Settings
 class Transport(Protocol):
     """Carries task ids to workers. Raises on failure; the pending row stays the truth."""
 
-    async def publish(self, task_ids: list[str]) -> None: ...
+    async def publish(self, task_ids: list[str], queue: str = ...) -> None: ...
 
 
 @dataclass
@@ -53,6 +53,7 @@ def build_services(
     extra: dict[str, Any] | None = None,
     statement_seconds: float | None = None,
     pre_ping: bool = True,
+    max_overflow: int = 5,
 ) -> Services:
     """The engine's statements get ``statement_seconds`` each (default: a lease — no statement of
     ours may outlast one: an owning transaction that long has lost its lease anyway)."""
@@ -68,6 +69,7 @@ def build_services(
         statement_seconds=deadline,
         connect_seconds=min(5.0, deadline),
         pre_ping=pre_ping,
+        max_overflow=max_overflow,
     )
     return Services(
         settings=settings,

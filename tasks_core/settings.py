@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     # lease is renewed meanwhile); one that is still running then is declared unresponsive, its
     # attempt ends failed (handler_unresponsive) and its pool process is recycled.
     cleanup_grace_seconds: float = Field(default=30.0, ge=0)
+    # A worker warns, naming the handler, when its event loop stops turning for this long: in the
+    # dense mode (`--pool threads`) one blocking handler stalls every neighbour's heartbeat. 0: off.
+    loop_lag_warn_seconds: float = Field(default=0.5, ge=0)
     # Progress is persisted only when it moved at least this much (a new message always is).
     progress_delta: float = Field(default=1.0, ge=0)
     # Messages kept on the broker beyond the free slots (default: the capacity), so a worker finds
@@ -115,6 +118,8 @@ class Settings(BaseSettings):
     # `user:password` for Flower; without it `dtask flower` refuses to start (unless
     # `--insecure-local` on loopback).
     flower_basic_auth: str | None = None
+    # The dashboard (/ui) links here for Celery's view of workers and messages (`dtask flower`'s default).
+    flower_url: str = "http://127.0.0.1:5555"
     # Where `dtask dev` keeps its embedded data, logs, ports and session key (`--data-dir`).
     dev_dir: str = ".dtask"
 

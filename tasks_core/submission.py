@@ -11,7 +11,7 @@ import json
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,6 +76,14 @@ class Submitted:
     publish_error: str | None = None
     # The answer to an earlier request with the same Idempotency-Key: nothing new was stored.
     replayed: bool = False
+    # The row as stored (None for a duplicate or a replay).
+    row: Mapping[str, Any] | None = None
+
+    def waiting_reason(self) -> str:
+        """Why the task just submitted waits, from what the submission knows (no query)."""
+        if self.publish_error:
+            return f"publish failed: {self.publish_error}"
+        return "waiting for a worker" if self.published else "waiting for a free slot"
 
 
 # Deeper payloads are refused: nothing legitimate nests this far, and a recursive walk (ours,
@@ -222,11 +230,44 @@ class SubmitTransaction:
                     "task_type", f"you have {limit} pending tasks, the most allowed (DTASK_OWNER_MAX_PENDING)"
                 )
         inserted = await services.repo.insert(self.conn, new)
-        result = Submitted(task_id=inserted.id, duplicate_of=inserted.duplicate_of)
+        result = Submitted(task_id=inserted.id, duplicate_of=inserted.duplicate_of, row=inserted.row)
         if inserted.duplicate_of is None and self._pending is not None:
             self._pending += 1
         self.results.append(result)
         return result
+
+    async def add_many(self, intents: Sequence[TaskIntent]) -> list[Submitted | InvalidTask]:
+        """Validate each intent; insert the valid ones in one statement (in order). Each invalid one
+        is reported in its place, and stores nothing."""
+        services = self.submitter.services
+        if services.settings.owner_max_pending is not None and self.owner is not None:
+            outcomes: list[Submitted | InvalidTask] = []
+            for intent in intents:  # the quota is counted entry by entry
+                try:
+                    outcomes.append(await self.add(intent))
+                except InvalidTask as exc:
+                    outcomes.append(exc)
+            return outcomes
+        checked: list[NewTask | InvalidTask] = []
+        for intent in intents:
+            try:
+                checked.append(
+                    validate(intent, services.registry, services.settings, self.owner, admin=self.admin)
+                )
+            except InvalidTask as exc:
+                checked.append(exc)
+        valid = [c for c in checked if isinstance(c, NewTask)]
+        inserted = iter(await services.repo.insert_many(self.conn, valid))
+        results: list[Submitted | InvalidTask] = []
+        for c in checked:
+            if isinstance(c, InvalidTask):
+                results.append(c)
+                continue
+            row = next(inserted)
+            submitted = Submitted(task_id=row.id, duplicate_of=row.duplicate_of, row=row.row)
+            self.results.append(submitted)
+            results.append(submitted)
+        return results
 
 
 @dataclass(frozen=True)
@@ -317,6 +358,7 @@ class Submitter:
     ) -> list[Submitted | InvalidTask]:
         repo = self.services.repo
         async with self.transaction(owner, admin=admin) as tx:
+            outcomes: list[Submitted | InvalidTask] = []
             if idempotency is not None:
                 earlier = await repo.take_idempotency_key(
                     tx.conn, owner or "", idempotency.key, idempotency.request_hash
@@ -327,14 +369,11 @@ class Submitter:
                             "Idempotency-Key", "this key was already used with a different request"
                         )
                     return [_replay(entry) for entry in earlier["response"]]
-            outcomes: list[Submitted | InvalidTask] = []
-            for intent in intents:
-                try:
-                    outcomes.append(await tx.add(intent))
-                except InvalidTask as exc:
-                    if all_or_nothing:
-                        raise  # nothing is stored, the key included: a retry is judged afresh
-                    outcomes.append(exc)
+            if all_or_nothing:
+                # nothing is stored on a refusal, the key included: a retry is judged afresh
+                outcomes = [await tx.add(intent) for intent in intents]
+            else:
+                outcomes = await tx.add_many(intents)
             if idempotency is not None:
                 await repo.record_idempotent_answer(
                     tx.conn, owner or "", idempotency.key, [_record(o) for o in outcomes]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
-from celery import Celery
+if TYPE_CHECKING:  # Celery is imported by whoever builds a transport, not by every importer of names
+    from celery import Celery
 
 RUN_TASK = "dtask.run"
 DURABLE_QUEUE = "durable"
@@ -30,18 +32,18 @@ class CeleryTransport:
         self.app = app
         self.timeout = timeout
 
-    async def publish(self, task_ids: list[str]) -> None:
+    async def publish(self, task_ids: list[str], queue: str = DURABLE_QUEUE) -> None:
         """Publish off the event loop, within ``timeout`` seconds (TimeoutError past it: the
         publish may still complete later, which at-least-once delivery allows)."""
         if task_ids:
             loop = asyncio.get_running_loop()
-            sending = loop.run_in_executor(_PUBLISHERS, self.publish_sync, task_ids)
+            sending = loop.run_in_executor(_PUBLISHERS, self.publish_sync, task_ids, queue)
             await asyncio.wait_for(sending, self.timeout)
 
-    def publish_sync(self, task_ids: list[str]) -> None:
+    def publish_sync(self, task_ids: list[str], queue: str = DURABLE_QUEUE) -> None:
         with self.app.producer_or_acquire() as producer:
             for task_id in task_ids:
                 self.app.send_task(
-                    RUN_TASK, args=[task_id], queue=DURABLE_QUEUE, producer=producer,
+                    RUN_TASK, args=[task_id], queue=queue, producer=producer,
                     retry=True, retry_policy=RETRY_POLICY,
                 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from tasks_core.context import TaskContext
@@ -42,6 +43,12 @@ async def slow_cleanup(ctx: TaskContext) -> Any:
     finally:
         await asyncio.sleep(float(ctx.payload.get("cleanup", 1)))
         EVENTS.append(("cleaned", ctx.task_id))
+
+
+async def block_loop(ctx: TaskContext) -> Any:
+    """A badly written handler: a blocking call on the event loop (no asyncio.to_thread)."""
+    time.sleep(float(ctx.payload.get("seconds", 2)))  # noqa: ASYNC251  (the point of it)
+    return {"blocked": True}
 
 
 async def broken_hook(conn: Any, task: Any, status: str) -> None:

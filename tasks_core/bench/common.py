@@ -517,7 +517,7 @@ async def reset_tables(engine: AsyncEngine) -> None:
     await engine.dispose()
     async with engine.begin() as conn:
         await conn.execute(text(
-            "TRUNCATE tasks, task_attempts, diagnostics_runs, diagnostics_effects CASCADE"
+            "TRUNCATE tasks, task_attempts, task_slots, diagnostics_runs, diagnostics_effects CASCADE"
         ))
 
 

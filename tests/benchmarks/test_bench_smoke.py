@@ -28,6 +28,7 @@ EXPECTED_VARIANTS = {
     "recovery": {"kill-worker", "kill-child"},
     "scale": {"small", "large"},
     "soak": {"durable", "plain-celery"},
+    "density": {"prefork-4", "dense-4", "prefork-8", "dense-8"},
 }
 # The headline number of each variant (a median across rounds) that must be positive.
 HEADLINE = {
@@ -36,6 +37,7 @@ HEADLINE = {
     "recovery": ["p50_recovery_seconds", "max_recovery_seconds", "bound_seconds"],
     "scale": [f"{op}_median_ms" for op in ("insert", "claim", "finish", "publish", "summary")],
     "soak": ["rss_start_mb", "rss_end_mb", "tasks_per_s"],
+    "density": ["seconds_until_all_running", "running_rss_mb", "running_pss_mb", "pss_mb_per_task"],
 }
 
 
@@ -139,6 +141,16 @@ def test_soak(tmp_path: Path, redis_url: str) -> None:
         series = variant["series"][0]
         assert series and series[-1]["done"] == data["settings"]["tasks"]
         assert all(s["rss_kb"] > 0 and s["processes"] > 1 for s in series)
+
+
+@pytest.mark.system
+def test_density(tmp_path: Path, redis_url: str) -> None:
+    data = run_bench("density", tmp_path, redis_url)
+    check_shape(data, "density")
+    for n in (4, 8):
+        for mode in ("prefork", "dense"):
+            assert data["variants"][f"{mode}-{n}"]["rounds"][0]["tasks"] == n
+    assert "dense_rss_mb_per_extra_task" in data
 
 
 def test_refuses_a_redis_db_in_use(tmp_path: Path, redis_url: str) -> None:

@@ -271,3 +271,26 @@ async def test_capacity_holds_while_twenty_claimers_churn_through_ten_tasks(
         assert peak <= capacity
     finally:
         await engine.dispose()
+
+
+async def test_a_slot_left_held_behind_the_runtimes_back_is_reclaimed(services: Any) -> None:
+    """Every write that ends an attempt frees its capacity slot in the same statement; a slot left
+    held by a change made outside the runtime (a row rewritten by hand, a truncated table) is
+    found and freed by the next claim that would otherwise be refused, and by the reconciler."""
+    repo, reg = services.repo, services.registry
+    first, second, third = [await submit(repo) for _ in range(3)]
+    assert isinstance(await repo.claim(first, reg, capacity=1, lease_seconds=30), Claim)
+    async with services.engine.begin() as conn:  # "by hand": ended without the runtime
+        await conn.execute(
+            text(
+                """UPDATE tasks SET status = 'failed', attempt_token = NULL, lease_expires_at = NULL
+                WHERE id = :id"""
+            ),
+            {"id": first},
+        )
+    assert isinstance(await repo.claim(second, reg, capacity=1, lease_seconds=30), Claim)
+    async with services.engine.begin() as conn:
+        await conn.execute(text("DELETE FROM tasks WHERE id = :id"), {"id": second})
+    report = await repo.reconcile(reg, batch=10, retry_delay=lambda n: 0)
+    assert report.slots_freed == 1
+    assert isinstance(await repo.claim(third, reg, capacity=1, lease_seconds=30), Claim)

@@ -323,3 +323,29 @@ def test_ctrl_c_while_waiting_says_the_task_goes_on(fresh: None, tmp_path: Path)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     assert "goes on" in err and f"dtask show {task_id}" in err and f"dtask cancel {task_id}" in err, err
+
+
+def test_submit_with_the_same_idempotency_key_returns_the_first_task(fresh: None) -> None:
+    first = dtask("submit", "diagnostics.noop", "--payload", '{"n": 1}', "--idempotency-key", "retry-1")
+    again = dtask("submit", "diagnostics.noop", "--payload", '{"n": 1}', "--idempotency-key", "retry-1")
+    assert first.exit_code == again.exit_code == 0, (first.output, again.output)
+    assert first.stdout.strip().splitlines()[-1] == again.stdout.strip().splitlines()[-1]
+    other = dtask("submit", "diagnostics.noop", "--payload", '{"n": 2}', "--idempotency-key", "retry-1")
+    assert other.exit_code != 0 and "different request" in other.output
+    listed = json.loads(dtask("list", "--json").stdout)
+    assert len(listed["items"]) == 1
+
+
+def test_submit_counts_its_publish_in_the_shared_metrics(fresh: None, redis_client: Any) -> None:
+    from tasks_core.metrics import METRICS_KEY
+
+    redis_client.delete(METRICS_KEY)
+    assert dtask("submit", "diagnostics.noop").exit_code == 0
+    fields = {k.decode(): float(v) for k, v in redis_client.hgetall(METRICS_KEY).items()}
+    assert fields.get("dtask_published|by=submit") == 1.0, fields
+
+
+def test_worker_refuses_a_pool_it_does_not_support(fresh: None) -> None:
+    # gevent/eventlet would each need a loop per greenlet; only prefork, threads and solo are run.
+    out = dtask("worker", "--pool", "gevent")
+    assert out.exit_code == 2 and "use prefork, threads, solo" in out.output

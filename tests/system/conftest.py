@@ -156,11 +156,19 @@ class Cluster:
     # ------------------------------------------------------------------ processes
 
     def start_worker(
-        self, name: str = "worker", *, concurrency: int = 3, cli: bool = False, **env: str
+        self,
+        name: str = "worker",
+        *,
+        concurrency: int = 3,
+        cli: bool = False,
+        pool: str = "prefork",
+        **env: str,
     ) -> Proc:
+        """A worker; ``pool`` is prefork (a process per task) or threads (the dense mode)."""
         node = f"{name}-{uuid.uuid4().hex[:6]}@%h"
         if cli:
             argv = [sys.executable, "-m", "tasks_core.cli", "worker", "-c", str(concurrency), "-n", node]
+            argv += ["--pool", pool]
         else:
             argv = [
                 sys.executable,
@@ -174,7 +182,7 @@ class Cluster:
                 "-c",
                 str(concurrency),
                 "-P",
-                "prefork",
+                pool,
                 "-l",
                 "INFO",
                 "-n",

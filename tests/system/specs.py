@@ -14,3 +14,8 @@ SPECS = (
     # A handler that catches its own cancellation and carries on (tests.handlers_for_tests).
     TaskSpec("system.swallow_cancel", "tests.handlers_for_tests:swallow_cancel"),
 )
+SPECS = (
+    *SPECS,
+    # A handler that blocks the event loop (time.sleep), for the dense mode's watchdog.
+    TaskSpec("system.block_loop", "tests.handlers_for_tests:block_loop"),
+)

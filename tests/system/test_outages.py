@@ -79,7 +79,7 @@ async def svc(owned: Owned) -> AsyncIterator[Any]:
     )
     async with services.engine.begin() as conn:
         await conn.execute(
-            text("TRUNCATE tasks, task_attempts, diagnostics_runs, diagnostics_effects CASCADE")
+            text("TRUNCATE tasks, task_attempts, task_slots, diagnostics_runs, diagnostics_effects CASCADE")
         )
     yield services
     await services.close()

@@ -40,6 +40,9 @@ MARGIN = 2.0
 # Nothing listens on port 1 of the loopback: a publish there fails at once with "connection refused".
 CLOSED_BROKER = "redis://127.0.0.1:1/0"
 LONG_SLEEP = {"seconds": 60, "steps": 120}
+# What matters for ownership runs on both: a process per task, and the dense mode (many tasks on
+# one process's event loop).
+POOLS = pytest.mark.parametrize("pool", ["prefork", "threads"])
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -137,7 +140,7 @@ async def test_failed_first_publish_is_sent_by_the_publisher_once_workers_run(
 ) -> None:
     """Submit commits the intent even when the broker is unreachable; beat's publisher sends it later."""
     done = cluster.run_cli(
-        "submit", "diagnostics.noop", "--payload", '{"n": 1}', DTASK_BROKER_URL=CLOSED_BROKER
+        "submit", "diagnostics.sleep", "--payload", '{"seconds": 0}', DTASK_BROKER_URL=CLOSED_BROKER
     )
     assert done.returncode == 0, done.stderr
     assert "publish" in done.stderr.lower(), done.stderr  # the failure is reported, not raised
@@ -155,7 +158,7 @@ async def test_failed_first_publish_is_sent_by_the_publisher_once_workers_run(
     row = await wait_terminal(services, task_id, within=STARTUP_TIMEOUT + PUBLISH_SECONDS + MARGIN)
 
     assert row["status"] == "success", row
-    assert row["result"] == {"n": 1}, row
+    assert row["result"] == {"slept": 0.0, "steps": 1}, row
     assert row["attempt_count"] == 1, row
     assert row["attempt_token"] is None and row["lease_expires_at"] is None, row
     assert row["publish_error"] is None, row
@@ -164,11 +167,12 @@ async def test_failed_first_publish_is_sent_by_the_publisher_once_workers_run(
     assert run is not None and (run["status"], run["hook"]) == ("done", "success:success"), run
 
 
+@POOLS
 async def test_sigkilled_worker_task_fails_lease_expired_within_lease_plus_reconcile(
-    cluster: Cluster, services: Any, redis_client: Any
+    cluster: Cluster, services: Any, pool: str, redis_client: Any
 ) -> None:
     """A worker killed with its whole process group: another worker's reconcile converges its task."""
-    workers = [cluster.start_worker("worker-a"), cluster.start_worker("worker-b")]
+    workers = [cluster.start_worker("worker-a", pool=pool), cluster.start_worker("worker-b", pool=pool)]
     beat = cluster.start_beat()
     await asyncio.gather(*(cluster.wait_worker_ready(w) for w in workers))
     await cluster.wait_readiness_fact()
@@ -179,7 +183,8 @@ async def test_sigkilled_worker_task_fails_lease_expired_within_lease_plus_recon
     victim = next(w for w in workers if owner.startswith(f"{w.node}:"))
     survivor = next(w for w in workers if w is not victim)
 
-    assert len(victim.group_members()) > 1  # main process and its pool children
+    if pool == "prefork":
+        assert len(victim.group_members()) > 1  # main process and its pool children
     victim.killpg(signal.SIGKILL)
     killed_at = await pg_now(services)
     started = time.monotonic()
@@ -208,11 +213,12 @@ async def test_sigkilled_worker_task_fails_lease_expired_within_lease_plus_recon
     assert fact["worker"].startswith(f"{survivor.node}:"), fact
 
 
-async def test_one_task_id_published_five_times_runs_once(cluster: Cluster, services: Any) -> None:
+@POOLS
+async def test_one_task_id_published_five_times_runs_once(cluster: Cluster, services: Any, pool: str) -> None:
     from tasks_core.repository import NewTask
     from tasks_core.transport import CeleryTransport
 
-    worker = cluster.start_worker(concurrency=4)
+    worker = cluster.start_worker(concurrency=4, pool=pool)
     await cluster.wait_worker_ready(worker)
     # The intent without the submitter's own publish: the five copies below are the only messages.
     async with services.engine.begin() as conn:
@@ -236,13 +242,14 @@ async def test_one_task_id_published_five_times_runs_once(cluster: Cluster, serv
     assert all(o == "success" or o.startswith("not_pending:") for o in outcomes), outcomes
 
 
+@POOLS
 async def test_capacity_is_never_exceeded_and_the_relay_hands_on_without_beat(
-    cluster: Cluster, services: Any
+    cluster: Cluster, services: Any, pool: str
 ) -> None:
     """12 two-second tasks, capacity 4, 8 pool children, no beat: the submission puts what capacity
     can take on the broker (4 slots + 4 ahead), the messages refused for capacity are gone, so only
     the relay (after each terminal write) can start the rest."""
-    worker = cluster.start_worker(concurrency=8, DTASK_CAPACITY="4", DTASK_PUBLISH_SECONDS="3600")
+    worker = cluster.start_worker(concurrency=8, pool=pool, DTASK_CAPACITY="4", DTASK_PUBLISH_SECONDS="3600")
     await cluster.wait_worker_ready(worker)
 
     intents = [TaskIntent("diagnostics.sleep", {"seconds": 2, "steps": 2}) for _ in range(12)]
@@ -272,8 +279,11 @@ async def test_capacity_is_never_exceeded_and_the_relay_hands_on_without_beat(
     assert "capacity_full" in log, "no message was ever refused for capacity: the relay was not exercised"
 
 
-async def test_cancel_of_a_running_task_ends_it_within_one_heartbeat(cluster: Cluster, services: Any) -> None:
-    worker = cluster.start_worker()
+@POOLS
+async def test_cancel_of_a_running_task_ends_it_within_one_heartbeat(
+    cluster: Cluster, services: Any, pool: str
+) -> None:
+    worker = cluster.start_worker(pool=pool)
     await cluster.wait_worker_ready(worker)
     task_id = await submit(services, "diagnostics.sleep", LONG_SLEEP)
     await wait_handler_running(services, task_id)
@@ -294,12 +304,13 @@ async def test_cancel_of_a_running_task_ends_it_within_one_heartbeat(cluster: Cl
     assert worker.alive()
 
 
+@POOLS
 async def test_sigterm_fails_a_running_task_with_worker_shutdown_before_the_worker_exits(
-    cluster: Cluster, services: Any
+    cluster: Cluster, services: Any, pool: str
 ) -> None:
     """Warm shutdown of `dtask worker`: the handler gets its grace, then the task ends failed
     (worker_shutdown) with its hook, and the worker exits on its own."""
-    worker = cluster.start_worker(cli=True)
+    worker = cluster.start_worker(cli=True, pool=pool)
     await cluster.wait_worker_ready(worker)
     task_id = await submit(services, "diagnostics.sleep", LONG_SLEEP)
     await wait_handler_running(services, task_id)

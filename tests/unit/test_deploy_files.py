@@ -23,7 +23,7 @@ DOCKERFILE = DOCKER / "Dockerfile"
 ENV_EXAMPLE = DOCKER / ".env.example"
 
 EXPECTED_APP_COMMANDS = {"migrate", "api", "worker", "beat", "flower"}
-HEALTHCHECKED = {"postgres", "redis", "minio", "milvus", "api", "worker", "beat"}
+HEALTHCHECKED = {"postgres", "redis", "minio", "milvus", "api", "worker", "worker-dense", "beat"}
 MAY_PUBLISH_PORTS = {"api", "flower"}
 # ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?err}, ${VAR?err}
 _VAR = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
@@ -76,9 +76,14 @@ def depends_on(service: dict[str, Any]) -> dict[str, str]:
     return {name: (spec or {}).get("condition", "service_started") for name, spec in deps.items()}
 
 
+def command_of(name: str) -> str:
+    """The dtask subcommand a service runs (extra workers are named worker-<kind>)."""
+    return name.split("-", 1)[0]
+
+
 def test_required_services_exist() -> None:
     assert {"postgres", "redis", "milvus", "minio", *EXPECTED_APP_COMMANDS} <= set(services())
-    assert set(app_services()) == EXPECTED_APP_COMMANDS
+    assert {command_of(name) for name in app_services()} == EXPECTED_APP_COMMANDS
 
 
 def test_the_cli_has_every_command_the_deployment_runs() -> None:
@@ -87,13 +92,13 @@ def test_the_cli_has_every_command_the_deployment_runs() -> None:
     assert not missing, f"dtask lacks subcommands the deployment runs: {sorted(missing)}"
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED_APP_COMMANDS))
+@pytest.mark.parametrize("name", sorted(EXPECTED_APP_COMMANDS | {"worker-dense"}))
 def test_app_service_command_is_a_real_dtask_invocation(name: str) -> None:
     service = app_services()[name]
     command = service.get("command")
     assert isinstance(command, list) and command, f"{name}: command must be an exec-form list"
     sub, *args = command
-    assert sub == name, f"service {name} runs `dtask {sub}`"
+    assert sub == command_of(name), f"service {name} runs `dtask {sub}`"
     assert sub in cli_commands(), f"{name}: `dtask {sub}` does not exist"
     options = {opt for p in cli_commands()[sub].params for opt in p.opts if opt.startswith("-")}
     unknown = [a.split("=", 1)[0] for a in args if a.startswith("-") and a.split("=", 1)[0] not in options]

@@ -1,0 +1,53 @@
+"""The API's rules for reading, cancelling and deleting one task, shared by /tasks and the dashboard.
+
+Answers are the API's own: another owner's task does not exist for you (404), a finished task
+cannot be cancelled and an active one cannot be deleted (409).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import HTTPException
+
+from app.auth import Principal
+from tasks_core.model import ACTIVE, TERMINAL
+from tasks_core.services import Services
+
+
+async def owned_task(svc: Services, task_id: uuid.UUID, caller: Principal) -> dict[str, Any]:
+    row = await svc.repo.get(task_id)
+    if row is None or (not caller.admin and row["owner"] != caller.name):
+        raise HTTPException(404, "no such task")  # another owner's task does not exist for you
+    return dict(row)
+
+
+async def cancel_task(svc: Services, task_id: uuid.UUID, caller: Principal) -> str:
+    """'cancelled' (it was pending) or 'requested' (running: it stops at its next heartbeat)."""
+    await owned_task(svc, task_id, caller)
+    outcome = await svc.repo.request_cancel(task_id, svc.registry)
+    if outcome is None:
+        raise HTTPException(404, "no such task")
+    if outcome == "terminal":
+        raise HTTPException(409, "task already finished")
+    return outcome
+
+
+async def delete_task(svc: Services, task_id: uuid.UUID, caller: Principal) -> None:
+    await owned_task(svc, task_id, caller)
+    outcome = await svc.repo.delete(task_id)
+    if outcome is None:
+        raise HTTPException(404, "no such task")
+    if outcome == "active":
+        raise HTTPException(409, "only finished tasks can be deleted; cancel it first")
+
+
+def cancellable(row: Mapping[str, Any]) -> bool:
+    """Worth offering a cancel: active, and nobody asked yet (asking again changes nothing)."""
+    return row["status"] in ACTIVE and row["cancel_requested_at"] is None
+
+
+def deletable(row: Mapping[str, Any]) -> bool:
+    return row["status"] in TERMINAL

@@ -1,0 +1,72 @@
+"""How a domain adds its own pages to the dashboard.
+
+A domain module defines one ``UiExtension``: a router whose paths all start with ``/ui/``, the
+navigation entries that lead to it, and optionally a directory of templates. Its pages use the
+dashboard's sign-in and layout::
+
+    # domains/knowledge/ui.py
+    router = APIRouter(prefix="/ui/knowledge")
+
+    @router.get("")
+    async def bases(request: Request, viewer: Signed) -> HTMLResponse:
+        rows = ...  # the viewer's own objects: viewer.principal.owner_filter()
+        return render(request, "knowledge/bases.html", {"viewer": viewer, "bases": rows})
+
+    UI = UiExtension(router, nav=(NavEntry("Knowledge", "/ui/knowledge"),),
+                     templates=Path(__file__).parent / "templates")
+
+then adds ``"domains.knowledge.ui:UI"`` to ``EXTENSION_MODULES`` below. Templates extend
+``"base.html"``; forms that change anything take ``Checked`` instead of ``Signed`` (it verifies the
+CSRF token the layout puts in ``viewer.csrf``); a task links to ``/ui/tasks/<id>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import APIRouter
+from starlette.routing import BaseRoute
+
+from tasks_core.registry import import_path
+
+# "module:attribute" of each domain's UiExtension, imported when the api starts.
+EXTENSION_MODULES: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NavEntry:
+    label: str
+    path: str
+    admin_only: bool = False
+
+
+@dataclass(frozen=True)
+class UiExtension:
+    router: APIRouter
+    nav: tuple[NavEntry, ...] = ()
+    templates: Path | None = None  # searched after the dashboard's own templates
+
+    def __post_init__(self) -> None:
+        # Under /ui, a page signs in by the dashboard's cookie (the api's Guard lets /ui through to
+        # authenticate itself); anywhere else it would need a bearer header a browser never sends.
+        outside = [
+            p for p in (*_paths(self.router.routes), *(e.path for e in self.nav)) if not p.startswith("/ui/")
+        ]
+        if outside:
+            raise ValueError(f"dashboard pages must live under /ui/: {outside}")
+
+
+def _paths(routes: Iterable[BaseRoute]) -> list[str]:
+    return [str(getattr(route, "path", "")) for route in routes]
+
+
+def load_extensions(paths: Iterable[str] | None = None) -> list[UiExtension]:
+    found = []
+    for path in EXTENSION_MODULES if paths is None else paths:
+        extension = import_path(path)
+        if not isinstance(extension, UiExtension):
+            raise TypeError(f"{path} is not a UiExtension")
+        found.append(extension)
+    return found

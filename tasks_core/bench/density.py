@@ -1,0 +1,184 @@
+"""`dtask bench density`: what many concurrent long, waiting tasks cost a worker.
+
+For each N (10, 100, 200 by default) and each mode — ``prefork`` (a process per task) and
+``dense`` (``--pool threads``: every task on one process's event loop) — a fresh worker with
+concurrency N (+2 for the duties, like `dtask worker`'s default) and DTASK_CAPACITY = N runs N
+``diagnostics.sleep`` tasks at once. Measured: the worker's memory once idle and once all N run
+(RSS and PSS summed over the main process and its pool children; PSS splits shared pages fairly, so
+it is the honest figure for prefork's copy-on-write children), the memory per extra running task,
+and the seconds from the submission until all N are running. The modes alternate round by round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import text
+
+from tasks_core.bench.common import (
+    BenchEnv,
+    CommonOptions,
+    durable_services,
+    public_options,
+    reset_tables,
+    submit,
+    wait_running,
+    worker_pids,
+)
+from tasks_core.bench.report import Document, Rounds, alternate, ratio
+
+SLEEP = "diagnostics.sleep"
+MODES = {"prefork": "prefork", "dense": "threads"}
+
+
+@dataclass
+class DensityOptions(CommonOptions):
+    sizes: tuple[int, ...] = (10, 100, 200)
+    # Long enough that all N are running at once when memory is read.
+    sleep_seconds: float = 60.0
+    rounds: int = 1
+    stall_seconds: float = 120.0
+
+
+QUICK = {"sizes": (4, 8), "sleep_seconds": 20.0, "rounds": 1, "stall_seconds": 60.0}
+
+
+def memory_mb(root_pid: int) -> dict[str, float]:
+    """RSS and PSS of a worker: its main process and every pool child, in MiB."""
+    rss = pss = 0
+    for pid in worker_pids(root_pid):
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Rss:"):
+                    rss += int(line.split()[1])
+                elif line.startswith("Pss:"):
+                    pss += int(line.split()[1])
+        except OSError:  # a child that just exited
+            continue
+    return {"rss_mb": rss / 1024, "pss_mb": pss / 1024}
+
+
+# Connections a prefork child opens for one running task (the handler's writes and the heartbeat).
+PREFORK_CONNECTIONS = 2
+
+
+async def _free_connections(engine: Any) -> int:
+    async with engine.connect() as conn:
+        row = (
+            await conn.execute(
+                text(
+                    """SELECT current_setting('max_connections')::int
+                              - current_setting('superuser_reserved_connections')::int
+                              - (SELECT count(*) FROM pg_stat_activity)"""
+                )
+            )
+        ).one()
+    return int(row[0])
+
+
+def run(opts: DensityOptions) -> dict[str, Any]:
+    return asyncio.run(_run(opts))
+
+
+async def _run(opts: DensityOptions) -> dict[str, Any]:
+    variants = {
+        f"{mode}-{n}": f"{n} concurrent {SLEEP} on one worker, --pool {pool} -c {n + 2}, capacity {n}"
+        for n in opts.sizes
+        for mode, pool in MODES.items()
+    }
+    doc = Document("density", {**public_options(opts), "sizes": list(opts.sizes)}, quick=opts.quick)
+    async with BenchEnv("density", opts) as env:
+        db_url = await env.create_database("density")
+        services = durable_services(env, db_url, capacity=max(opts.sizes))
+        free = await _free_connections(services.engine)
+        for size in opts.sizes:
+            # Every prefork child holds database connections of its own (up to 4; 2 at rest):
+            # past the server's max_connections the worker cannot run n tasks at all.
+            need = PREFORK_CONNECTIONS * (size + 2)
+            if need > free:
+                variants.pop(f"prefork-{size}")
+                doc.note(f"prefork-{size} not run: {size + 2} children need about {need} database "
+                         f"connections, the server has {free} free (max_connections)")
+        rounds = Rounds(variants)
+        try:
+            for round_no, seq, name in alternate(list(variants), opts.rounds):
+                mode, size_text = name.rsplit("-", 1)
+                data = await _round(env, services, db_url, opts, MODES[mode], int(size_text))
+                doc.settings.setdefault("worker_argv", {})[name] = data.pop("argv")
+                rounds.add(name, round_no, seq, data)
+        finally:
+            await services.close()
+    return _finish(doc, rounds, opts)
+
+
+async def _round(
+    env: BenchEnv, services: Any, db_url: str, opts: DensityOptions, pool: str, n: int
+) -> dict[str, Any]:
+    await reset_tables(services.engine)
+    env.clear_queues()
+    settings = env.dtask_settings(db_url, capacity=n)
+    proc = env.start_worker(f"{pool}-{n}", settings, concurrency=n + 2, pool=pool)
+    try:
+        startup = await env.wait_ready(proc)
+        await asyncio.sleep(1.0)  # let every pool child finish importing before the idle reading
+        idle = memory_mb(proc.popen.pid)
+        # Capacity n lets all n run; the submitter's budget publishes them all at once.
+        started = time.monotonic()
+        ids = await submit(services, SLEEP, [{"seconds": opts.sleep_seconds, "steps": 1}] * n)
+        await wait_running(env, services.engine, ids, procs=[proc], within=opts.stall_seconds)
+        to_running = time.monotonic() - started
+        busy = memory_mb(proc.popen.pid)
+    finally:
+        env.kill(proc)
+    return {
+        "tasks": n,
+        "seconds_until_all_running": to_running,
+        "idle_rss_mb": idle["rss_mb"],
+        "idle_pss_mb": idle["pss_mb"],
+        "running_rss_mb": busy["rss_mb"],
+        "running_pss_mb": busy["pss_mb"],
+        "rss_mb_per_task": busy["rss_mb"] / n,
+        "pss_mb_per_task": busy["pss_mb"] / n,
+        "worker_startup_seconds": startup,
+        "argv": proc.argv,
+    }
+
+
+def _finish(doc: Document, rounds: Rounds, opts: DensityOptions) -> dict[str, Any]:
+    doc.data["variants"] = rounds.to_json()
+    rows = []
+    for n in opts.sizes:
+        for mode in MODES:
+            if f"{mode}-{n}" not in rounds.rounds:
+                continue
+            m = rounds.medians(f"{mode}-{n}")
+            rows.append([
+                f"{mode}-{n}", m.get("seconds_until_all_running"), m.get("running_rss_mb"),
+                m.get("running_pss_mb"), m.get("pss_mb_per_task"), m.get("rss_mb_per_task"),
+            ])
+        if f"prefork-{n}" not in rounds.rounds:
+            continue
+        dense, prefork = rounds.medians(f"dense-{n}"), rounds.medians(f"prefork-{n}")
+        doc.data["ratios"][f"prefork-{n} / dense-{n} (PSS per task)"] = ratio(
+            prefork.get("pss_mb_per_task"), dense.get("pss_mb_per_task")
+        )
+    # Memory per *extra* task in the dense mode, between the smallest and the largest size.
+    small, large = min(opts.sizes), max(opts.sizes)
+    lo, hi = rounds.medians(f"dense-{small}"), rounds.medians(f"dense-{large}")
+    if lo.get("running_rss_mb") is not None and hi.get("running_rss_mb") is not None and large > small:
+        # A difference, not a ratio (noise can make it slightly negative at quick sizes).
+        per_task = (hi["running_rss_mb"] - lo["running_rss_mb"]) / (large - small)
+        doc.data["dense_rss_mb_per_extra_task"] = per_task
+        doc.note(f"dense: {doc.data['dense_rss_mb_per_extra_task']:.3f} MiB RSS per extra running task "
+                 f"(between {small} and {large})")
+    doc.table(
+        "density: N concurrent sleeps on one worker (medians over rounds)",
+        ["variant", "s to all running", "RSS MiB", "PSS MiB", "PSS MiB/task", "RSS MiB/task"],
+        rows,
+    )
+    doc.note("PSS divides pages shared by prefork's children among them; RSS counts them in each child")
+    return doc.finish()
