@@ -8,9 +8,12 @@ in small batches, the schedule's faults fire: SIGKILL and restart of workers, SI
 longer than the lease then SIGCONT (a paused owner that wakes up and tries to write), SIGSTOP of a
 worker caught inside a write transaction while it holds row locks, duplicate publication
 of ids, Redis stopped and restarted empty on the same port, ``pg_terminate_backend`` of worker
-connections, cancellations. A monitor samples PostgreSQL meanwhile (expired leases, running
-count, stalls). After the last fault the campaign waits for every task to finish, kills the cluster
-and hands the database to the checker.
+connections, cancellations. With ``own_postgres`` the campaign starts its own embedded PostgreSQL
+(under its work directory, never a server others use) and adds two faults only an owner may do:
+PostgreSQL paused (postmaster and backends SIGSTOPped) past the lease, and PostgreSQL restarted
+(immediate shutdown, back on the same port within 1-3 s). A monitor samples PostgreSQL meanwhile
+(expired leases, running count, stalls). After the last fault the campaign waits for every task to
+finish, kills the cluster and hands the database to the checker.
 
 Every time the campaign records for the checker is PostgreSQL's ``clock_timestamp()``.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import os
 import random
@@ -35,17 +39,20 @@ from typing import Any
 
 from sqlalchemy import text
 
-from tasks_core import metrics
+from tasks_core import metrics, outage
 from tasks_core.chaos import faults as F
 from tasks_core.chaos.checker import (
     Bounds,
     ExpiredLease,
     Observations,
+    PostgresOutage,
     Report,
+    RunningLease,
     check,
     load_snapshot,
     merge_counts,
 )
+from tasks_core.lease import MAX_BACKOFF
 from tasks_core.readiness import READINESS_KEY
 
 DEFAULT_ADMIN_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
@@ -56,6 +63,8 @@ SUBMIT_SHARE = 0.7
 LEASE_LOST_LINE = "lease lost before its terminal write"
 RETRY_BACKOFF_SECONDS = 1.0
 RETRY_BACKOFF_MAX_SECONDS = 4.0
+NO_FAKETIME_NOTE = ("libfaketime not installed: no worker ran with a skewed clock "
+                    "(apt-get install faketime to add one)")
 
 
 class CampaignError(RuntimeError):
@@ -76,6 +85,8 @@ class CampaignConfig:
     margin_seconds: float = 5.0
     skew_seconds: float = -3600.0  # wall-clock skew of worker 0 (0: none)
     exclude: tuple[str, ...] = ()  # fault kinds left out of the schedule
+    # Start an embedded PostgreSQL of the campaign's own, and pause and restart it as faults.
+    own_postgres: bool = False
     admin_url: str | None = None
     keep: bool = False
     workdir: Path | None = None
@@ -83,11 +94,11 @@ class CampaignConfig:
 
     def bounds(self) -> Bounds:
         return Bounds(self.capacity, self.lease_seconds, self.reconcile_seconds, self.publish_seconds,
-                      self.margin_seconds)
+                      self.margin_seconds, retry_gap_seconds=MAX_BACKOFF)
 
     def replay_command(self) -> str:
         defaults = CampaignConfig(seed=self.seed)
-        parts = [f"dtask chaos --seed {self.seed}"]
+        parts = [f"dtask chaos --seed {self.seed}"] + (["--own-postgres"] if self.own_postgres else [])
         for name, flag in (("workers", "--workers"), ("tasks", "--tasks"), ("fault_seconds", "--duration"),
                            ("capacity", "--capacity"), ("concurrency", "--concurrency"),
                            ("lease_seconds", "--lease"), ("reconcile_seconds", "--reconcile"),
@@ -102,7 +113,8 @@ class CampaignConfig:
     def schedule(self) -> list[F.FaultEvent]:
         pause = F.claimer_pause_seconds(self.lease_seconds, self.reconcile_seconds, self.margin_seconds)
         return F.build_schedule(
-            self.seed, self.fault_seconds, self.lease_seconds, exclude=self.exclude, claimer_pause=pause
+            self.seed, self.fault_seconds, self.lease_seconds, exclude=self.exclude, claimer_pause=pause,
+            own_postgres=self.own_postgres,
         )
 
 
@@ -174,6 +186,15 @@ class Campaign:
         self.beat: F.Managed | None = None
         self.procs: F.Processes | None = None
         self.outages: list[list[datetime | None]] = []
+        self.postgres_outages: list[PostgresOutage] = []
+        self.worker_faults: list[tuple[datetime, str]] = []
+        self._owner_pauses: set[str] = set()  # workers a pause_worker fault holds stopped
+        # While the campaign holds its PostgreSQL down, its own users of the database (submitter,
+        # monitor, fault log) wait on this lock or log no PostgreSQL time, instead of hanging on a
+        # paused server or retrying into a restart.
+        self._db_lock = asyncio.Lock()
+        self._pg_up = asyncio.Event()
+        self._pg_up.set()
         self.expired: dict[tuple[uuid.UUID, datetime], datetime] = {}
         self.stalls: list[tuple[datetime, datetime]] = []
         self.max_running = 0
@@ -194,23 +215,39 @@ class Campaign:
 
     # ------------------------------------------------------------------------------ output
 
+    @property
+    def _pg_down(self) -> bool:
+        return not self._pg_up.is_set()
+
     def say(self, line: str) -> None:
         self.out(f"[chaos +{time.monotonic() - self.t0:7.2f}s] {line}")
 
-    async def pg_now(self) -> datetime:
+    async def _clock(self) -> datetime:
         async with self.services.engine.connect() as conn:
             now: datetime = (await conn.execute(text("SELECT clock_timestamp()"))).scalar_one()
         return now
 
-    async def fault(self, kind: str, target: str, detail: str) -> None:
+    async def pg_now(self) -> datetime:
+        """PostgreSQL's clock (after any outage the campaign is holding)."""
+        async with self._db_lock:
+            return await self._clock()
+
+    async def fault(
+        self, kind: str, target: str, detail: str, *, pg: datetime | None = None
+    ) -> datetime | None:
+        """Log a fault with PostgreSQL's time (``pg``, else read now; none while the database is down)."""
+        if pg is None and not self._pg_down:
+            pg = await self.pg_now()
         entry: dict[str, Any] = {
             "t": round(time.monotonic() - self.t0, 3),
             "wall": datetime.now().astimezone().isoformat(timespec="milliseconds"),
-            "pg": (await self.pg_now()).isoformat(timespec="milliseconds"),
+            "pg": None if pg is None else pg.isoformat(timespec="milliseconds"),
             "kind": kind, "target": target, "detail": detail,
         }
         self.fault_log.append(entry)
-        self.say(f"FAULT {kind:<17} {target:<22} {detail}  (pg {entry['pg'][11:23]})")
+        stamp = "pg down" if pg is None else f"pg {entry['pg'][11:23]}"
+        self.say(f"FAULT {kind:<17} {target:<22} {detail}  ({stamp})")
+        return pg
 
     # ------------------------------------------------------------------------------ run
 
@@ -219,8 +256,10 @@ class Campaign:
         schedule = cfg.schedule()
         workload = F.build_workload(cfg.seed, cfg.tasks)
         self.say(f"seed {cfg.seed} - replay with: {cfg.replay_command()}")
-        self.say(f"{len(schedule)} faults over {cfg.fault_seconds:g} s: "
-                 + ", ".join(f"{k} {sum(1 for e in schedule if e.kind == k)}" for k in F.KINDS))
+        kinds = F.ALL_KINDS if cfg.own_postgres else F.KINDS
+        phase = F.phase_seconds(schedule, cfg.fault_seconds, cfg.lease_seconds)
+        self.say(f"{len(schedule)} faults over {phase:g} s: "
+                 + ", ".join(f"{k} {sum(1 for e in schedule if e.kind == k)}" for k in kinds))
         ok = False
         try:
             try:
@@ -256,7 +295,9 @@ class Campaign:
                 time.monotonic() - self.t0, len(self.submitted), self.notes,
             )
         finally:
-            await self._teardown(keep_files=cfg.keep or not ok or bool(self.notes))
+            # Kept for a look after a failure or a problem noted on the way (not for a missing tool).
+            trouble = [n for n in self.notes if n != NO_FAKETIME_NOTE]
+            await self._teardown(keep_files=cfg.keep or not ok or bool(trouble))
 
     # ------------------------------------------------------------------------------ set-up
 
@@ -268,11 +309,16 @@ class Campaign:
         from tasks_core.services import build_services
         from tasks_core.settings import Settings
 
-        admin = await asyncio.to_thread(resolve_admin_url, self.cfg.admin_url)
+        admin = None
+        if not self.cfg.own_postgres:
+            admin = await asyncio.to_thread(resolve_admin_url, self.cfg.admin_url)
         if admin is None:
-            self.say("no PostgreSQL answers: starting an embedded one")
+            why = "its own" if self.cfg.own_postgres else "no PostgreSQL answers: starting"
+            self.say(f"{why} embedded PostgreSQL under {self.workdir / 'postgres'}")
             self._pg = EmbeddedPostgres(self.workdir / "postgres")
             admin = await asyncio.to_thread(self._pg.start)
+            if self.cfg.own_postgres and admin is not None:
+                await _without_fsync(admin)
         assert admin is not None
         self._admin = admin
         db_url = await asyncio.to_thread(create_database, admin, self._db_name)
@@ -313,8 +359,7 @@ class Campaign:
         if self.cfg.skew_seconds:
             lib = F.faketime_library()
             if lib is None:
-                self.notes.append("libfaketime not installed: no worker ran with a skewed clock "
-                                  "(apt-get install faketime to add one)")
+                self.notes.append(NO_FAKETIME_NOTE)
                 self.say(self.notes[-1])
             else:
                 self._skew = (lib, self.cfg.skew_seconds)
@@ -380,7 +425,7 @@ class Campaign:
     # ------------------------------------------------------------------------------ workload
 
     async def _submit(self, workload: list[F.TaskPlan]) -> None:
-        from tasks_core.submission import Submitted, Submitter, TaskIntent
+        from tasks_core.submission import Idempotency, Submitted, Submitter, TaskIntent
 
         submitter = Submitter(self.services)
         ticks = max(1, int(self.cfg.fault_seconds * SUBMIT_SHARE / SUBMIT_INTERVAL))
@@ -391,8 +436,12 @@ class Campaign:
         while i < len(workload):
             batch = workload[i : i + per_tick]
             intents = [TaskIntent(p.task_type, p.payload, dedupe_key=p.dedupe_key) for p in batch]
+            # A batch whose COMMIT was sent but never answered (a database fault) may have been
+            # stored: the retry carries the same key and gets the stored answer, never a copy.
+            key = Idempotency(f"chaos-{self.cfg.seed}-{self._db_name}-{i}", f"batch-{i}-{len(batch)}")
             try:
-                results = await submitter.submit_many(intents, owner="chaos")
+                async with self._db_lock:
+                    results = await submitter.submit_many(intents, owner="chaos", idempotency=key)
             except Exception as exc:  # the campaign's own connection is never a fault target
                 self.say(f"submit failed ({exc!r}); retrying the batch")
                 await asyncio.sleep(SUBMIT_INTERVAL)
@@ -424,7 +473,8 @@ class Campaign:
             except Exception as exc:
                 self.notes.append(f"fault {event.kind} at +{event.at:g}s raised {exc!r}")
                 await self.fault(event.kind, "-", f"ERROR {exc!r}")
-        await asyncio.sleep(max(0.0, start + self.cfg.fault_seconds - time.monotonic()))
+        phase = F.phase_seconds(schedule, self.cfg.fault_seconds, self.cfg.lease_seconds)
+        await asyncio.sleep(max(0.0, start + phase - time.monotonic()))
         # Pauses end, Redis comes back, killed workers restart: only then have the faults stopped.
         while self._background:
             pending, self._background = self._background, []
@@ -470,15 +520,18 @@ class Campaign:
             slot = self.slots.index(victim)
             if ev.kind == F.KILL:
                 await asyncio.to_thread(victim.kill)
-                await self.fault(ev.kind, victim.name, f"SIGKILL group {victim.pid} owning {owned} running "
-                                 f"tasks; restart in {ev.duration:.1f} s")
+                at = await self.fault(ev.kind, victim.name, f"SIGKILL group {victim.pid} owning {owned} "
+                                      f"running tasks; restart in {ev.duration:.1f} s")
                 self._spawn_bg(self._restart(slot, ev.duration))
             else:
                 victim.paused = True
                 victim.signal_group(signal.SIGSTOP)
-                await self.fault(ev.kind, victim.name, f"SIGSTOP group {victim.pid} owning {owned} running "
-                                 f"tasks for {ev.duration:.1f} s (lease {self.cfg.lease_seconds:g} s)")
+                self._owner_pauses.add(victim.name)
+                detail = (f"SIGSTOP group {victim.pid} owning {owned} running tasks for {ev.duration:.1f} s "
+                          f"(lease {self.cfg.lease_seconds:g} s)")
+                at = await self.fault(ev.kind, victim.name, detail)
                 self._spawn_bg(self._resume(victim, ev.duration))
+            self._worker_hit(at, victim)
         elif ev.kind == F.PAUSE_CLAIMER:
             await self._pause_claimer(ev)
         elif ev.kind == F.DUPLICATE:
@@ -493,6 +546,13 @@ class Campaign:
             await self._pg_terminate(ev)
         elif ev.kind == F.CANCEL:
             await self._cancel(ev)
+        elif ev.kind in F.PG_KINDS:
+            await self._postgres_fault(ev)
+
+    def _worker_hit(self, at: datetime | None, victim: F.Managed) -> None:
+        """Remember which worker a kill or pause hit, when: its tasks owe no restart its survival."""
+        if at is not None and victim.node:
+            self.worker_faults.append((at, victim.node))
 
     async def _pause_claimer(self, ev: F.FaultEvent) -> None:
         """SIGSTOP a worker caught inside a transaction that holds row locks (a claim on the locked
@@ -528,17 +588,136 @@ class Campaign:
                     victim.signal_group(signal.SIGCONT)
                     victim.paused = False
                     continue
-            await self.fault(ev.kind, victim.name, f"SIGSTOP group {victim.pid} inside a transaction "
-                             f"holding row locks ({caught[0]}), for {ev.duration:.1f} s; try {tries}")
+            at = await self.fault(ev.kind, victim.name, f"SIGSTOP group {victim.pid} inside a transaction "
+                                  f"holding row locks ({caught[0]}), for {ev.duration:.1f} s; try {tries}")
+            self._worker_hit(at, victim)
             self._spawn_bg(self._resume(victim, ev.duration))
             return
         await self.fault(ev.kind, "-", f"skipped: no worker caught in a write transaction ({tries} tries)")
 
+    async def _postgres_fault(self, ev: F.FaultEvent) -> None:
+        """Pause or restart the campaign's own PostgreSQL, in the foreground of the fault loop (no
+        other fault fires until recovery works again). The campaign's own users of the database
+        wait on the lock while it is down."""
+        if self._pg is None:
+            await self.fault(ev.kind, "postgres", "skipped: the campaign does not own its PostgreSQL")
+            return
+        await self._until_workers_settled()
+        self._pg_up.clear()  # before taking the lock: no new stamp queues up behind the outage
+        try:
+            async with self._db_lock:
+                down_at, running = await self._running_leases()
+                if ev.kind == F.PG_PAUSE:
+                    up_at = await self._pause_postgres(ev, down_at, len(running))
+                else:
+                    up_at = await self._restart_postgres(ev, down_at, running)
+                with contextlib.suppress(Exception):  # only a reconcile from now on counts
+                    await self.redis.delete(READINESS_KEY)
+        finally:
+            self._pg_up.set()
+        kind = "pause" if ev.kind == F.PG_PAUSE else "restart"
+        outage = PostgresOutage(kind, down_at, up_at, tuple(running))
+        if up_at is not None:
+            outage = dataclasses.replace(outage, recovered_at=await self._await_recovery(up_at))
+        self.postgres_outages.append(outage)
+
+    async def _await_recovery(self, up_at: datetime) -> datetime | None:
+        """When recovery works again after the database answered: a reconcile has run (the readiness
+        fact, deleted when the database answered, is back). Until then workers may still be stuck in
+        calls to the stopped server; as with Redis, I3's deadlines start from here."""
+        if not await self._await_readiness_fact(self.cfg.startup_timeout):
+            self.notes.append("no reconcile ran within the start-up timeout after a PostgreSQL outage")
+            await self.fault("pg_recovered", "postgres", "NOT recovered: no reconcile ran")
+            return None
+        recovered = await self.pg_now()
+        after = (recovered - up_at).total_seconds()
+        detail = f"a reconcile ran {after:.2f} s after the database answered"
+        await self.fault("pg_recovered", "postgres", detail, pg=recovered)
+        return recovered
+
+    async def _until_workers_settled(self) -> None:
+        """The schedule keeps worker pauses and kills clear of database outages, but the fault loop
+        may run late: wait (at most the start-up timeout) until no owner is paused (it would wake up
+        with dead connections and give up without trying the late write fencing must refuse), no
+        killed worker awaits its restart and none is still starting (its schema check would fail
+        against a stopped database and it would exit). A paused claimer may go on sleeping."""
+
+        def unsettled(p: F.Managed) -> bool:
+            return (not p.alive() and p.killed) or (p.alive() and not p.ready) or p.name in self._owner_pauses
+
+        for _ in range(int(self.cfg.startup_timeout / 0.1)):
+            if not any(unsettled(p) for p in self.slots):
+                return
+            await asyncio.sleep(0.1)
+
+    async def _running_leases(self) -> tuple[datetime, list[RunningLease]]:
+        """PostgreSQL's clock and the running tasks with a live lease, just before a fault."""
+        async with self.services.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    text(
+                        """SELECT clock_timestamp() AS now, id, attempt_token, lease_expires_at FROM tasks
+                        WHERE status = 'running' AND lease_expires_at > clock_timestamp()"""
+                    )
+                )
+            ).all()
+        now = rows[0].now if rows else await self._clock()
+        return now, [RunningLease(r.id, r.attempt_token, r.lease_expires_at) for r in rows]
+
+    async def _pause_postgres(self, ev: F.FaultEvent, down_at: datetime, running: int) -> datetime | None:
+        pid = await asyncio.to_thread(outage.pause_postgres, self._pg)
+        await self.fault(ev.kind, "postgres", f"SIGSTOP postmaster {pid} and every backend for "
+                         f"{ev.duration:.1f} s (lease {self.cfg.lease_seconds:g} s); {running} tasks running",
+                         pg=down_at)
+        await asyncio.sleep(ev.duration)
+        await asyncio.to_thread(outage.resume, pid)
+        up_at = await self._await_postgres()
+        if up_at is not None:
+            await self.fault("pg_resume", "postgres", f"SIGCONT; answering again "
+                             f"{(up_at - down_at).total_seconds():.2f} s after the pause", pg=up_at)
+        return up_at
+
+    async def _restart_postgres(
+        self, ev: F.FaultEvent, down_at: datetime, running: list[RunningLease]
+    ) -> datetime | None:
+        left = sorted((r.lease_expires_at - down_at).total_seconds() for r in running)
+        leases = f" (leases {left[0]:.1f}-{left[-1]:.1f} s left)" if left else ""
+        await self.fault(ev.kind, "postgres", f"immediate shutdown (SIGQUIT), back in {ev.duration:.1f} s "
+                         f"on the same port; {len(running)} tasks running{leases}", pg=down_at)
+        await self.services.engine.dispose()  # the campaign's pooled connections die with the server
+        admin = self._admin
+        took = await asyncio.to_thread(outage.restart_postgres, self._pg, ev.duration)
+        if self._pg.url != admin:
+            self.notes.append(f"PostgreSQL came back on another address ({self._pg.url}, was {admin})")
+        up_at = await self._await_postgres()
+        if up_at is not None:
+            await self.fault("pg_back", "postgres", f"answering again: down {took:.2f} s by this host's "
+                             f"clock, {(up_at - down_at).total_seconds():.2f} s by PostgreSQL's", pg=up_at)
+        return up_at
+
+    async def _await_postgres(self) -> datetime | None:
+        """PostgreSQL's clock at its first answer after an outage (None: not within the start-up timeout)."""
+        deadline = time.monotonic() + self.cfg.startup_timeout
+        while time.monotonic() < deadline:
+            try:
+                return await self._clock()
+            except Exception:  # refused, starting up, or a pooled connection that died with it
+                await asyncio.sleep(0.05)
+        self.notes.append("PostgreSQL did not answer again within the start-up timeout")
+        await self.fault("pg_back", "postgres", "NOT answering within the start-up timeout")
+        return None
+
     async def _restart(self, slot: int, delay: float) -> None:
         await asyncio.sleep(delay)
+        # A worker refuses to start without its database (the schema gate fails closed), as an
+        # operator's supervisor would find: it restarts the worker once PostgreSQL is back.
+        deferred = time.monotonic()
+        await self._pg_up.wait()
+        deferred = time.monotonic() - deferred
         proc = self._start_worker(slot)
         self.slots[slot] = proc
-        await self.fault("worker_restart", proc.name, f"started pid {proc.pid}")
+        waited = f" (after waiting {deferred:.1f} s for PostgreSQL)" if deferred > 0.05 else ""
+        await self.fault("worker_restart", proc.name, f"started pid {proc.pid}{waited}")
         await self._await_ready(proc, self.cfg.startup_timeout)
         if proc.ready:
             self.say(f"{proc.name} ready {time.monotonic() - proc.started:.1f} s after its start")
@@ -547,6 +726,7 @@ class Campaign:
         await asyncio.sleep(duration)
         victim.signal_group(signal.SIGCONT)
         victim.paused = False
+        self._owner_pauses.discard(victim.name)
         await self.fault("worker_resume", victim.name, f"SIGCONT group {victim.pid}: wakes up past its lease")
 
     async def _redis_restart(self, downtime: float) -> None:
@@ -650,8 +830,12 @@ class Campaign:
         stall_last: datetime | None = None
         last_claim: Any = None
         while not self._stop_monitor.is_set():
+            if self._pg_down:  # the campaign holds PostgreSQL down: nothing to sample
+                await self._supervise()
+                await asyncio.sleep(MONITOR_INTERVAL)
+                continue
             try:
-                async with self.services.engine.connect() as conn:
+                async with self._db_lock, self.services.engine.connect() as conn:
                     facts = (
                         await conn.execute(
                             text(
@@ -768,6 +952,8 @@ class Campaign:
             skew_seconds=self.cfg.skew_seconds if skewed else 0.0,
             rejected_writes=rejected,
             lease_lost_log_lines=lease_lost,
+            postgres_outages=self.postgres_outages,
+            worker_faults=self.worker_faults,
         )
         report = check(snapshot, obs, self.cfg.bounds())
         report.summary["metrics"] = {
@@ -791,7 +977,7 @@ class Campaign:
                 await self.services.close()
         if self._redis_server is not None:
             await asyncio.to_thread(self._redis_server.stop)
-        if self._db_created and self._admin is not None:
+        if self._db_created and self._admin is not None and not self.cfg.own_postgres:
             if self.cfg.keep:
                 self.say(f"kept database {self._db_name}")
             else:
@@ -800,11 +986,31 @@ class Campaign:
                 except Exception as exc:
                     self.say(f"could not drop {self._db_name}: {exc!r}")
         if self._pg is not None:
-            await asyncio.to_thread(self._pg.stop)
+            if keep_files:  # the whole server is the campaign's: its cluster stays for a look
+                self.say(f"kept database {self._db_name} in the campaign's PostgreSQL ({self._pg.pgdata})")
+                await asyncio.to_thread(self._pg.stop)
+            else:
+                await asyncio.to_thread(self._pg.destroy)
         if keep_files and self.procs is not None:
             self.say(f"logs kept in {self.workdir}")
         elif self.cfg.workdir is None:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+async def _without_fsync(admin_url: str) -> None:
+    """fsync off on the campaign's own, throwaway server. An immediate shutdown loses nothing the
+    kernel already holds, and the next start then skips syncing the whole data directory before
+    crash recovery (seconds on a busy disk), so a restart is back when the fault says it is."""
+    from tasks_core.db import make_engine
+
+    engine = make_engine(admin_url, pool_size=1)
+    try:
+        async with engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            await conn.execute(text("ALTER SYSTEM SET fsync = off"))
+            await conn.execute(text("SELECT pg_reload_conf()"))
+    finally:
+        await engine.dispose()
 
 
 def _celery_app(broker_url: str) -> Any:

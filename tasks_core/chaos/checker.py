@@ -6,6 +6,9 @@ It reads the tasks, the attempts audit trail, ``diagnostics_effects`` (one row p
 live (transport outages, expired leases it watched, stalls). Each invariant becomes a count that
 must be 0. Every time compared here was written by PostgreSQL's ``clock_timestamp()``.
 
+One more count is issue 14's promise rather than an invariant: a PostgreSQL restart shorter than the
+remaining lease delays a running task, it does not end it (``check_restart_survival``).
+
 The checks are pure functions of :class:`Snapshot` and :class:`Observations`, so they can be fed
 hand-built histories (a violating history must be reported).
 """
@@ -39,6 +42,10 @@ class Bounds:
     reconcile_seconds: float
     publish_seconds: float
     margin_seconds: float
+    # The longest a worker waits between two tries of a call while the database does not answer
+    # (tasks_core.lease.MAX_BACKOFF, and the heartbeat's own cap): how long after PostgreSQL is back
+    # a lease must still hold for its owner to be sure to renew it.
+    retry_gap_seconds: float = 1.0
 
     @property
     def heartbeat_seconds(self) -> float:
@@ -72,6 +79,33 @@ class ExpiredLease:
     last_seen: datetime
 
 
+@dataclass(frozen=True)
+class RunningLease:
+    """A task running just before a PostgreSQL fault: the attempt that owned it, and its lease."""
+
+    task_id: uuid.UUID
+    token: uuid.UUID
+    lease_expires_at: datetime
+
+
+@dataclass(frozen=True)
+class PostgresOutage:
+    """A PostgreSQL fault of the campaign: ``kind`` is ``pause`` or ``restart``; ``down_at`` is
+    PostgreSQL's clock just before it, ``up_at`` its first answer afterwards (None: never), and
+    ``recovered_at`` the moment recovery worked again (a reconcile ran after ``up_at``: workers
+    stuck in calls to the stopped server had given up, as after a Redis outage)."""
+
+    kind: str
+    down_at: datetime
+    up_at: datetime | None
+    running: tuple[RunningLease, ...] = ()
+    recovered_at: datetime | None = None
+
+    @property
+    def over_at(self) -> datetime | None:
+        return self.recovered_at or self.up_at
+
+
 @dataclass
 class Observations:
     """What the campaign saw while it ran (all times PostgreSQL's clock)."""
@@ -92,6 +126,15 @@ class Observations:
     rejected_writes: dict[str, float] = field(default_factory=dict)
     # "lease lost before its terminal write" lines in the workers' logs.
     lease_lost_log_lines: int = 0
+    # PostgreSQL paused or restarted (--own-postgres only). Like transport outages, they move
+    # recovery deadlines: nothing can be reconciled before the database answers again.
+    postgres_outages: list[PostgresOutage] = field(default_factory=list)
+    # (PostgreSQL's clock, node) of every SIGKILL or SIGSTOP of a worker.
+    worker_faults: list[tuple[datetime, str]] = field(default_factory=list)
+
+    def outage_windows(self) -> list[tuple[datetime, datetime | None]]:
+        """Every interval during which recovery could not proceed: transport and database outages."""
+        return [*self.outages, *((o.down_at, o.over_at) for o in self.postgres_outages)]
 
 
 @dataclass
@@ -167,8 +210,11 @@ class Report:
             lines.append("  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3])
         verdict = "PASS" if self.ok else "FAIL"
         why = []
-        if self.violations:
-            why.append(f"{self.violations} invariant violation(s)")
+        broken = sum(f.count for f in self.findings if f.invariant.startswith("I"))
+        if broken:
+            why.append(f"{broken} invariant violation(s)")
+        if self.violations - broken:
+            why.append(f"{self.violations - broken} running task(s) ended by a short PostgreSQL restart")
         if not self.fencing_exercised:
             why.append("no late write was rejected: fencing was not exercised")
         lines.append(f"{verdict}" + (f": {'; '.join(why)}" if why else ""))
@@ -314,10 +360,12 @@ def check_i2(snap: Snapshot, obs: Observations) -> Finding:
 
 
 def recovery_deadline(since: datetime, seconds: float, obs: Observations) -> datetime:
-    """``since`` + ``seconds``, where time the transport spent down (and reconnecting) does not count:
-    an outage that begins before the deadline moves the start to the moment it was over."""
+    """``since`` + ``seconds``, where time the transport or PostgreSQL spent down (and reconnecting)
+    does not count: an outage that begins before the deadline moves the start to the moment it was
+    over (a lease that lapsed during or just before a database pause cannot be reconciled before
+    the database answers again)."""
     start = since
-    for down, up in sorted(obs.outages, key=lambda o: o[0]):
+    for down, up in sorted(obs.outage_windows(), key=lambda o: o[0]):
         back = up if up is not None else obs.window_end
         if down <= start + timedelta(seconds=seconds) and back > start:
             start = back
@@ -325,9 +373,9 @@ def recovery_deadline(since: datetime, seconds: float, obs: Observations) -> dat
 
 
 def _outside_outages(start: datetime, end: datetime, obs: Observations) -> list[tuple[datetime, datetime]]:
-    """The parts of [start, end] when the transport was up (and not still reconnecting)."""
+    """The parts of [start, end] when the transport and PostgreSQL were up (and not reconnecting)."""
     parts = [(start, end)]
-    for down, up in obs.outages:
+    for down, up in obs.outage_windows():
         back = up if up is not None else obs.window_end
         nxt: list[tuple[datetime, datetime]] = []
         for s, e in parts:
@@ -345,7 +393,7 @@ def _outside_outages(start: datetime, end: datetime, obs: Observations) -> list[
 def check_i3(snap: Snapshot, obs: Observations, bounds: Bounds) -> Finding:
     """Every task reaches a terminal state, or runs: (a) none is left unfinished at the end;
     (b) a lapsed lease is converged (failed, or back to pending for a retry-safe handler) within
-    ``recovery_seconds`` of its end, outages of the transport excepted; (c) no due
+    ``recovery_seconds`` of its end, outages of the transport and of PostgreSQL excepted; (c) no due
     pending task waits, with capacity free and no claim anywhere, longer than the publish bound."""
     unfinished = [_brief(t, "id", "task_type", "status", "attempt_count") for t in snap.tasks
                   if t["status"] in ACTIVE]
@@ -354,16 +402,20 @@ def check_i3(snap: Snapshot, obs: Observations, bounds: Bounds) -> Finding:
     # and the least time to spare before its deadline: how close the run came to the bound.
     longest_lag = 0.0
     least_spare: float | None = None
+    closest: dict[str, Any] = {}
 
-    def judge(lease_end: datetime, until: datetime, deadline: datetime) -> None:
-        nonlocal longest_lag, least_spare
+    def judge(task_id: Any, lease_end: datetime, until: datetime, deadline: datetime) -> None:
+        nonlocal longest_lag, least_spare, closest
         longest_lag = max(longest_lag, (until - lease_end).total_seconds())
         spare = (deadline - until).total_seconds()
-        least_spare = spare if least_spare is None else min(least_spare, spare)
+        if least_spare is None or spare < least_spare:
+            least_spare = spare
+            closest = {"task_id": task_id, "lease_expires_at": lease_end, "converged_or_seen_at": until,
+                       "deadline": deadline}
 
     for seen in obs.expired_leases:
         deadline = recovery_deadline(seen.lease_expires_at, bounds.recovery_seconds, obs)
-        judge(seen.lease_expires_at, seen.last_seen, deadline)
+        judge(seen.task_id, seen.lease_expires_at, seen.last_seen, deadline)
         if seen.last_seen > deadline:
             late[(seen.task_id, seen.lease_expires_at)] = {
                 "task_id": seen.task_id, "lease_expires_at": seen.lease_expires_at,
@@ -383,7 +435,7 @@ def check_i3(snap: Snapshot, obs: Observations, bounds: Bounds) -> Finding:
             continue
         converged += 1
         deadline = recovery_deadline(last["ended_at"], bounds.recovery_seconds, obs)
-        judge(last["ended_at"], task["finished_at"], deadline)
+        judge(task["id"], last["ended_at"], task["finished_at"], deadline)
         if task["finished_at"] > deadline:
             late.setdefault((task["id"], last["ended_at"]), {
                 "task_id": task["id"], "lease_expires_at": last["ended_at"],
@@ -404,15 +456,32 @@ def check_i3(snap: Snapshot, obs: Observations, bounds: Bounds) -> Finding:
         len(unfinished) + len(late) + len(stalls),
         f"{len(snap.tasks)} tasks; {expired_seen} tasks seen with a lapsed lease, {converged} failed "
         f"lease_expired; bound {bounds.recovery_seconds:.1f} s after a lease ends, "
-        f"{bounds.stall_seconds:g} s for a due task with free capacity",
+        f"{bounds.stall_seconds:g} s for a due task with free capacity"
+        + _outage_note(obs),
         {"not_terminal": len(unfinished), "converged_late": len(late), "pending_stalls": len(stalls),
          "longest_stall_seconds": round(longest, 3),
          "recovery_bound_seconds": round(bounds.recovery_seconds, 3),
          "longest_unconverged_lease_seconds": round(longest_lag, 3),
          "least_seconds_to_spare": None if least_spare is None else round(least_spare, 3),
-         "stall_bound_seconds": bounds.stall_seconds, "outages": len(obs.outages)},
+         "closest_call": closest,
+         "stall_bound_seconds": bounds.stall_seconds, "outages": len(obs.outages),
+         "postgres_outages": len(obs.postgres_outages),
+         "postgres_outage_seconds": round(sum(
+             ((o.up_at or obs.window_end) - o.down_at).total_seconds() for o in obs.postgres_outages
+         ), 3),
+         "postgres_recovery_seconds": [
+             round((o.over_at - o.down_at).total_seconds(), 3) if o.over_at else None
+             for o in obs.postgres_outages
+         ]},
         (unfinished + list(late.values()) + stalls)[:EXAMPLES],
     )
+
+
+def _outage_note(obs: Observations) -> str:
+    if not obs.outages and not obs.postgres_outages:
+        return ""
+    return (f"; deadlines moved past {len(obs.outages)} transport and {len(obs.postgres_outages)} "
+            "PostgreSQL outage(s), which recovery has to wait out")
 
 
 def check_i4(snap: Snapshot) -> Finding:
@@ -533,6 +602,116 @@ def check_i7(snap: Snapshot, obs: Observations) -> Finding:
     )
 
 
+# Task types whose handler fails on purpose: they never end success, restart or not.
+FAILS_ON_PURPOSE = frozenset({"diagnostics.fail"})
+
+
+def _worker_node(attempt: Mapping[str, Any]) -> str:
+    return str(attempt["worker"] or "").rsplit(":", 1)[0]
+
+
+def _not_counted(
+    lease: RunningLease, restart: PostgresOutage, snap_tasks: Mapping[Any, Row],
+    attempts: Mapping[Any, Row], obs: Observations, bounds: Bounds,
+) -> str | None:
+    """Why a task running at ``restart`` is not held to the promise (None: it is)."""
+    assert restart.up_at is not None
+    task, attempt = snap_tasks.get(lease.task_id), attempts.get(lease.token)
+    if task is None or attempt is None:
+        return "no_attempt_record"
+    if lease.lease_expires_at <= restart.up_at:
+        return "lease_shorter_than_the_downtime"
+    if task["task_type"] in FAILS_ON_PURPOSE:
+        return "fails_on_purpose"
+    if task["cancel_requested_at"] is not None:
+        return "cancel_requested"
+    start, end = attempt["claimed_at"], attempt["ended_at"] or obs.window_end
+    node = _worker_node(attempt)
+    if any(name == node and start <= at <= end for at, name in obs.worker_faults):
+        return "owner_killed_or_paused"
+    for other in obs.postgres_outages:
+        if other is restart or not restart.down_at < other.down_at < end:
+            continue
+        if other.kind != "restart":
+            return "database_paused_later"
+        later = next((r for r in other.running if r.token == lease.token), None)
+        survivable = later is not None and other.up_at is not None and not _not_counted(
+            later, other, snap_tasks, attempts, obs, bounds
+        )
+        if not survivable:
+            return "later_restart_not_survivable"
+    # Last, so that a near miss is one for no other reason: the lease outlived the downtime, but by
+    # less than a worker may wait between two tries; whether it made it is luck, not the promise.
+    if lease.lease_expires_at <= restart.up_at + timedelta(seconds=bounds.retry_gap_seconds):
+        return "lease_within_the_retry_gap"
+    return None
+
+
+def check_restart_survival(snap: Snapshot, obs: Observations, bounds: Bounds) -> Finding:
+    """Issue 14: after a PostgreSQL restart shorter than the remaining lease, the tasks that were
+    running at the restart end ``success`` on the attempt that was running (attempt 1, unless a
+    retry-safe task was already on a later one). Held to it: tasks running just before the restart
+    whose lease outlasted the downtime by the workers' retry gap. Not counted: tasks whose lease
+    could not survive the downtime, that fail on purpose, were cancelled, or whose owner another
+    fault hit (a worker killed or paused, a later database pause or an unsurvivable restart)."""
+    restarts = [o for o in obs.postgres_outages if o.kind == "restart"]
+    tasks = {t["id"]: t for t in snap.tasks}
+    attempts = {a["token"]: a for a in snap.attempts}
+    judged: set[Any] = set()
+    survived = 0
+    lost: list[dict[str, Any]] = []
+    not_counted: Counter[str] = Counter()
+    near_misses: Counter[str] = Counter()
+
+    def ended_well(lease: RunningLease) -> bool:
+        return bool(tasks[lease.task_id]["status"] == "success" == attempts[lease.token]["outcome"])
+
+    for restart in restarts:
+        for lease in restart.running:
+            if lease.token in judged:
+                continue  # held to the promise at an earlier restart already
+            reason = "never_came_back" if restart.up_at is None else _not_counted(
+                lease, restart, tasks, attempts, obs, bounds
+            )
+            if reason is not None:
+                not_counted[reason] += 1
+                if reason == "lease_within_the_retry_gap":
+                    near_misses["survived" if ended_well(lease) else "ended"] += 1
+                continue
+            judged.add(lease.token)
+            task, attempt = tasks[lease.task_id], attempts[lease.token]
+            if ended_well(lease):
+                survived += 1
+                continue
+            assert restart.up_at is not None
+            lost.append({
+                "task_id": lease.task_id, "task_type": task["task_type"], "status": task["status"],
+                "error": task["error"], "attempt": attempt["attempt"], "outcome": attempt["outcome"],
+                "worker": attempt["worker"], "restart_down_at": restart.down_at,
+                "restart_up_at": restart.up_at, "lease_expires_at": lease.lease_expires_at,
+                "lease_left_after_restart_seconds": round(
+                    (lease.lease_expires_at - restart.up_at).total_seconds(), 3),
+            })
+    downtimes = [round((r.up_at - r.down_at).total_seconds(), 2) for r in restarts if r.up_at is not None]
+    eligible = survived + len(lost)
+    if restarts:
+        skipped = ", ".join(f"{k} {v}" for k, v in sorted(not_counted.items())) or "none"
+        checked = (f"{len(restarts)} restarts (down {', '.join(f'{d:g}' for d in downtimes)} s): "
+                   f"{survived} of {eligible} tasks whose lease outlived the downtime ended success on "
+                   f"the same attempt; not counted: {skipped}")
+    else:
+        checked = "no PostgreSQL restart in this campaign (only with --own-postgres)"
+    return Finding(
+        "restart", "running tasks a short PostgreSQL restart ended (must end success)", len(lost),
+        checked,
+        {"restarts": len(restarts), "downtime_seconds": downtimes, "eligible": eligible,
+         "survived": survived, "did_not_survive": len(lost), "not_counted": dict(not_counted),
+         "near_misses": {"survived": near_misses["survived"], "ended": near_misses["ended"]},
+         "retry_gap_seconds": bounds.retry_gap_seconds},
+        lost[:EXAMPLES],
+    )
+
+
 def summarize(snap: Snapshot) -> dict[str, Any]:
     statuses = Counter(t["status"] for t in snap.tasks)
     codes = Counter((t["error"] or {}).get("code") for t in snap.tasks if t["error"])
@@ -576,6 +755,7 @@ def check(snap: Snapshot, obs: Observations, bounds: Bounds) -> Report:
         check_i5(snap, obs, bounds),
         check_i6(snap),
         check_i7(snap, obs),
+        check_restart_survival(snap, obs, bounds),
     ]
     return Report(findings, dict(obs.rejected_writes), obs.lease_lost_log_lines, summarize(snap))
 

@@ -13,6 +13,7 @@ worker's main process and all its pool children at once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
 import os
 import random
@@ -38,11 +39,25 @@ REDIS = "redis_restart"
 PG_TERMINATE = "pg_terminate"
 CANCEL = "cancel"
 KINDS = (KILL, PAUSE, PAUSE_CLAIMER, DUPLICATE, REDIS, PG_TERMINATE, CANCEL)
+# Only with --own-postgres (a server the campaign started itself): the postmaster and every backend
+# SIGSTOPped for longer than the lease, and an immediate shutdown with the server back on the same
+# port within 1-3 s.
+PG_PAUSE = "pg_pause"
+PG_RESTART = "pg_restart"
+PG_KINDS = (PG_PAUSE, PG_RESTART)
+ALL_KINDS = KINDS + PG_KINDS
 # Relative frequency of each fault after the guaranteed ones.
 WEIGHTS = {KILL: 3, PAUSE: 3, DUPLICATE: 2, REDIS: 1, PG_TERMINATE: 2, CANCEL: 1}
 # Every campaign does each fault at least this often (pauses twice: fencing must be exercised).
 MINIMUM = {KILL: 1, PAUSE: 2, PAUSE_CLAIMER: 1, DUPLICATE: 1, REDIS: 1, PG_TERMINATE: 1, CANCEL: 1}
 GAP_SECONDS = (2.0, 5.0)
+# PostgreSQL faults: at least these, one more per PG_EXTRA_EVERY seconds of faults, drawn by weight.
+PG_MINIMUM = {PG_PAUSE: 1, PG_RESTART: 2}
+PG_WEIGHTS = {PG_PAUSE: 1, PG_RESTART: 2}
+PG_EXTRA_EVERY = 60.0
+PG_RESTART_DOWN = (1.0, 3.0)
+# After a PostgreSQL fault the next fault waits this long past the outage's planned end.
+PG_SETTLE_SECONDS = 2.0
 
 FAKETIME_LIBS = (
     "/usr/lib/*/faketime/libfaketimeMT.so.1",
@@ -68,13 +83,25 @@ def claimer_pause_seconds(lease_seconds: float, reconcile_seconds: float, margin
 
 def build_schedule(
     seed: int, fault_seconds: float, lease_seconds: float, *, exclude: tuple[str, ...] = (),
-    claimer_pause: float | None = None,
+    claimer_pause: float | None = None, own_postgres: bool = False,
 ) -> list[FaultEvent]:
-    """The campaign's faults; ``exclude`` drops kinds (the rest of the schedule keeps its draws)."""
+    """The campaign's faults; ``exclude`` drops kinds (the rest of the schedule keeps its draws).
+
+    ``own_postgres`` adds the PostgreSQL faults from a stream of their own, so the other faults keep
+    every draw they have without the flag (only their instants move, past each PostgreSQL outage)."""
+    events = _base_schedule(seed, fault_seconds, lease_seconds, claimer_pause)
+    if own_postgres:
+        events = _with_postgres_faults(seed, events, fault_seconds, lease_seconds)
+    return [e for e in events if e.kind not in exclude]
+
+
+def _base_schedule(
+    seed: int, fault_seconds: float, lease_seconds: float, claimer_pause: float | None
+) -> list[FaultEvent]:
     rng = random.Random(f"dtask-chaos:{seed}:faults")
     claimer_pause = claimer_pause or claimer_pause_seconds(lease_seconds, 1.0, 5.0)
     # The last fault fires early enough that a pause (lease + up to 3 s) ends within the phase.
-    last = max(1.0, fault_seconds - lease_seconds - 3.0)
+    last = max(1.0, fault_seconds - _tail(lease_seconds))
     times: list[float] = []
     t = rng.uniform(*GAP_SECONDS)
     while t <= last:
@@ -100,7 +127,54 @@ def build_schedule(
         else:
             duration = 0.0
         events.append(FaultEvent(round(at, 3), kind, round(duration, 3), rng.random(), rng.random()))
-    return [e for e in events if e.kind not in exclude]
+    return events
+
+
+def _with_postgres_faults(
+    seed: int, events: list[FaultEvent], fault_seconds: float, lease_seconds: float
+) -> list[FaultEvent]:
+    """Insert the PostgreSQL faults between the others: each midway between two of them, or once an
+    earlier worker pause (or a killed worker's restart delay) is over, and move every later fault
+    back by as much as it needs. No fault is fired while the database is down (the campaign needs
+    it to aim a fault and to stamp it with its clock), and no paused owner sleeps through a database
+    outage: it would wake up with dead connections and give up without ever trying the late write
+    that fencing must refuse. (A claimer pause or a Redis outage may still span one.)"""
+    rng = random.Random(f"dtask-chaos:{seed}:postgres")
+    kinds = [kind for kind, n in PG_MINIMUM.items() for _ in range(n)]
+    extra = int(fault_seconds // PG_EXTRA_EVERY)
+    kinds += rng.choices(list(PG_WEIGHTS), weights=list(PG_WEIGHTS.values()), k=extra)
+    rng.shuffle(kinds)
+    # Insert before events[i] (i >= 1: the first fault is never a database one), at most one per gap.
+    before = sorted(rng.sample(range(1, len(events)), k=min(len(kinds), len(events) - 1)))
+    planned = dict(zip(before, kinds, strict=False))
+    out: list[FaultEvent] = []
+    shift = busy_until = 0.0
+    for i, event in enumerate(events):
+        kind = planned.get(i)
+        if kind is not None:
+            midway = (events[i - 1].at + event.at) / 2 + shift
+            at = max(midway, busy_until + PG_SETTLE_SECONDS)
+            if kind == PG_PAUSE:
+                duration = lease_seconds + rng.uniform(1.0, 3.0)  # longer than the lease: it must lapse
+            else:
+                duration = rng.uniform(*PG_RESTART_DOWN)
+            out.append(FaultEvent(round(at, 3), kind, round(duration, 3), rng.random(), rng.random()))
+            shift += at - midway + duration + PG_SETTLE_SECONDS
+        moved = dataclasses.replace(event, at=round(event.at + shift, 3))
+        out.append(moved)
+        if moved.kind in (PAUSE, KILL):
+            busy_until = max(busy_until, moved.at + moved.duration)
+    return out
+
+
+def phase_seconds(schedule: list[FaultEvent], fault_seconds: float, lease_seconds: float) -> float:
+    """How long the fault phase lasts: ``fault_seconds``, or longer when PostgreSQL's outages moved
+    the last fault back (the last one always leaves a lease + 3 s for its effects to play out)."""
+    return max(fault_seconds, max((e.at for e in schedule), default=0.0) + _tail(lease_seconds))
+
+
+def _tail(lease_seconds: float) -> float:
+    return lease_seconds + 3.0
 
 
 @dataclass(frozen=True)

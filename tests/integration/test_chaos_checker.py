@@ -22,7 +22,9 @@ from tasks_core.chaos.checker import (
     Bounds,
     ExpiredLease,
     Observations,
+    PostgresOutage,
     Report,
+    RunningLease,
     check,
     load_snapshot,
     recovery_deadline,
@@ -160,7 +162,7 @@ async def test_a_clean_history_with_a_retry_and_a_reused_key_passes(history: His
 
     report = await history.verdict()
 
-    assert counts(report) == {f"I{i}": 0 for i in range(1, 8)}, report.table()
+    assert counts(report) == {**{f"I{i}": 0 for i in range(1, 8)}, "restart": 0}, report.table()
     assert report.fencing_exercised and report.ok, report.table()
     assert report.summary["retried_tasks"] == 1 and report.summary["effects"] == 5
     assert "PASS" in report.table()
@@ -318,3 +320,146 @@ def test_recovery_deadline_skips_outages_that_begin_before_it() -> None:
     ])
     assert recovery_deadline(t0, 2.0, obs) == t0 + timedelta(seconds=2)  # ends before the first
     assert recovery_deadline(t0 + timedelta(seconds=2), 2.0, obs) == t0 + timedelta(seconds=16)
+
+
+# ------------------------------------------------------------------ PostgreSQL faults (--own-postgres)
+
+
+def restart(
+    h: History, down: float, up: float, *running: tuple[uuid.UUID, uuid.UUID, float]
+) -> PostgresOutage:
+    """A restart from ``down`` to ``up`` with (task, token, lease end) running just before it."""
+    leases = tuple(RunningLease(t, tok, h.at(lease)) for t, tok, lease in running)
+    return PostgresOutage("restart", h.at(down), h.at(up), leases)
+
+
+async def test_tasks_running_at_a_short_restart_must_end_success_on_their_attempt(history: History) -> None:
+    survivor = await history.task(0, 12)
+    survivor_tok = await history.attempt(survivor, 1, 1, 12)
+    # Its lease outlived the downtime by more than the retry gap (1 s), yet it failed on attempt 1.
+    killed = await history.task(0, 16, status="failed", error="lease_expired")
+    killed_tok = await history.attempt(killed, 1, 1, 13, outcome="lease_expired")
+    # Retried on a second attempt: not the promise either (the running attempt had to finish it).
+    rerun = await history.task(0, 20, attempts=2)
+    rerun_tok = await history.attempt(rerun, 1, 1, 13, outcome="lease_expired")
+    await history.attempt(rerun, 2, 15, 20)
+    short = await history.task(0, 14, status="failed", error="lease_expired")
+    short_tok = await history.attempt(short, 1, 1, 10.5, outcome="lease_expired")  # lease ended at 10.5
+    near = await history.task(0, 14, status="failed", error="lease_expired")
+    near_tok = await history.attempt(near, 1, 1, 11.5, outcome="lease_expired")  # only 0.5 s left after
+    outage = restart(history, 9, 11, (survivor, survivor_tok, 13), (killed, killed_tok, 13),
+                     (rerun, rerun_tok, 13), (short, short_tok, 10.5), (near, near_tok, 11.5))
+
+    report = await history.verdict(postgres_outages=[outage])
+
+    finding = report.findings[7]
+    assert finding.invariant == "restart" and finding.count == 2, finding
+    assert finding.details["eligible"] == 3 and finding.details["survived"] == 1, finding
+    assert finding.details["not_counted"] == {
+        "lease_shorter_than_the_downtime": 1, "lease_within_the_retry_gap": 1
+    }, finding
+    assert finding.details["near_misses"] == {"survived": 0, "ended": 1}, finding
+    assert {e["task_id"] for e in finding.examples} == {killed, rerun}, finding.examples
+    assert not report.ok and "ended by a short PostgreSQL restart" in report.table()
+    assert "1 of 3 tasks" in report.table()
+    # The same restart, but only the survivor: the promise held.
+    kept = await history.verdict(postgres_outages=[restart(history, 9, 11, (survivor, survivor_tok, 13))])
+    assert kept.findings[7].count == 0 and kept.findings[7].details["survived"] == 1
+
+
+async def test_tasks_another_fault_hit_are_not_held_to_the_restart_promise(history: History) -> None:
+    def lost_task() -> Any:
+        return history.task(0, 30, status="failed", error="lease_expired")
+
+    owner_killed = await lost_task()
+    killed_tok = await history.attempt(owner_killed, 1, 1, 16, outcome="lease_expired",
+                                       worker="chaos-w1.1@host:100")
+    cancelled = await history.task(0, 14, status="cancelled", error="cancelled")
+    cancelled_tok = await history.attempt(cancelled, 1, 1, 14, outcome="cancelled")
+    async with history.engine.begin() as conn:
+        await conn.execute(text("UPDATE tasks SET cancel_requested_at = finished_at WHERE id = :id"),
+                           {"id": cancelled})
+    failing = await history.task(0, 12, status="failed", error="handler_error", task_type="diagnostics.fail")
+    failing_tok = await history.attempt(failing, 1, 1, 12, outcome="handler_error")
+    paused_later = await lost_task()
+    paused_tok = await history.attempt(paused_later, 1, 1, 18, outcome="lease_expired",
+                                       worker="chaos-w3.1@host:300")
+    outages = [
+        restart(history, 9, 11, (owner_killed, killed_tok, 14), (cancelled, cancelled_tok, 14),
+                (failing, failing_tok, 14), (paused_later, paused_tok, 14)),
+        PostgresOutage("pause", history.at(13), history.at(19)),
+    ]
+    report = await history.verdict(
+        postgres_outages=outages,
+        worker_faults=[(history.at(12), "chaos-w1.1@host"), (history.at(12), "chaos-w2.1@host")],
+    )
+    finding = report.findings[7]
+    assert finding.count == 0 and finding.details["eligible"] == 0, finding
+    assert finding.details["not_counted"] == {
+        "owner_killed_or_paused": 1, "cancel_requested": 1, "fails_on_purpose": 1, "database_paused_later": 1,
+    }, finding
+    # A worker fault before the claim or after the attempt ended says nothing about it.
+    task = await history.task(0, 30, status="failed", error="lease_expired")
+    tok = await history.attempt(task, 1, 5, 16, outcome="lease_expired", worker="chaos-w1.1@host:100")
+    hit_before = await history.verdict(
+        postgres_outages=[restart(history, 9, 11, (task, tok, 14))],
+        worker_faults=[(history.at(4), "chaos-w1.1@host"), (history.at(17), "chaos-w1.1@host")],
+    )
+    assert hit_before.findings[7].count == 1, hit_before.findings[7]
+
+
+async def test_a_task_is_judged_once_across_restarts(history: History) -> None:
+    task = await history.task(0, 30)
+    tok = await history.attempt(task, 1, 1, 30)
+    twice = [restart(history, 9, 10, (task, tok, 13)), restart(history, 20, 21, (task, tok, 23))]
+    finding = (await history.verdict(postgres_outages=twice)).findings[7]
+    assert finding.details["eligible"] == 1 and finding.details["survived"] == 1, finding
+    # It met a second restart it could not survive: the first one is not blamed for its end.
+    lost = await history.task(0, 30, status="failed", error="lease_expired")
+    lost_tok = await history.attempt(lost, 1, 1, 21, outcome="lease_expired")
+    unsurvivable = [
+        restart(history, 9, 10, (lost, lost_tok, 13)), restart(history, 20, 23, (lost, lost_tok, 21))
+    ]
+    finding = (await history.verdict(postgres_outages=unsurvivable)).findings[7]
+    assert finding.count == 0, finding
+    assert finding.details["not_counted"] == {
+        "later_restart_not_survivable": 1, "lease_shorter_than_the_downtime": 1
+    }, finding
+
+
+async def test_no_restart_means_nothing_to_judge(history: History) -> None:
+    await history.done(0, 1, 5)
+    finding = (await history.verdict()).findings[7]
+    assert finding.count == 0 and "no PostgreSQL restart" in finding.checked, finding
+
+
+async def test_a_postgres_outage_moves_the_recovery_deadline_like_redis_does(history: History) -> None:
+    late = await history.task(0, 20, status="failed", error="lease_expired")
+    await history.attempt(late, 1, 1, 10, outcome="lease_expired")  # lease lapsed at 10, failed at 20
+    pause = PostgresOutage("pause", history.at(9), history.at(18))  # 18 + 3 s bound >= 20
+    excused = await history.verdict(postgres_outages=[pause])
+    i3 = excused.findings[2]
+    assert i3.count == 0 and i3.details["postgres_outages"] == 1, i3
+    assert "PostgreSQL outage" in i3.checked, i3.checked
+    # Until recovery worked again (a reconcile ran after the database answered), like Redis.
+    slow = PostgresOutage("pause", history.at(9), history.at(14), recovered_at=history.at(18))
+    assert (await history.verdict(postgres_outages=[slow])).findings[2].count == 0
+    quick = PostgresOutage("pause", history.at(9), history.at(14), recovered_at=history.at(14.5))
+    assert (await history.verdict(postgres_outages=[quick])).findings[2].count == 1
+    # A pause that began after the deadline had passed excuses nothing; neither loosens I1/I2.
+    after = await history.verdict(postgres_outages=[PostgresOutage("pause", history.at(15), history.at(18))])
+    assert after.findings[2].count == 1, after.findings[2]
+    overlapping = await history.task(0, 30, attempts=2)
+    first = await history.attempt(overlapping, 1, 1, 12, outcome="lease_expired")
+    await history.attempt(overlapping, 2, 11, 30)  # claimed during the pause, before the lease ended
+    await history.effect(overlapping, first, 13)  # a late write of the first owner, after the pause
+    during = await history.verdict(postgres_outages=[PostgresOutage("pause", history.at(9), history.at(14))])
+    assert during.findings[0].count == 1 and during.findings[1].count == 1, during.table()
+
+
+async def test_a_stall_during_a_postgres_outage_is_the_outage(history: History) -> None:
+    await history.done(0, 1, 5)
+    stall = (history.at(40), history.at(52))
+    down = PostgresOutage("restart", history.at(39), history.at(50))
+    report = await history.verdict(stalls=[stall], postgres_outages=[down])
+    assert report.findings[2].count == 0, report.findings[2]
