@@ -1,10 +1,12 @@
 """The attempt's own view of its lease, and retrying database calls while it may still be valid.
 
 Only PostgreSQL decides whether the lease is alive (every write is fenced there). The worker keeps
-a local, conservative deadline — the monotonic time the last successful renewal was *sent*, plus
-the lease — only to know how long a database blink is worth waiting out: before the deadline a
-failed call is retried with short backoff; after it the lease has certainly lapsed, so the attempt
-is over. A fenced refusal (zero rows) ends the attempt at once, whatever the deadline says.
+a local deadline — the monotonic time the last successful renewal *answered*, plus the lease — only
+to know how long a database blink is worth waiting out: the database stamped the lease before it
+answered, so past that deadline the lease has certainly lapsed and the attempt is over; before it a
+failed call is retried with short backoff. (Counting from when the renewal was sent would give up
+early whenever a claim waited for a lock.) A fenced refusal (zero rows) ends the attempt at once,
+whatever the deadline says.
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ class LeaseClock:
         self.lease_seconds = lease_seconds
         self.deadline = (time.monotonic() if renewed_at is None else renewed_at) + lease_seconds
 
-    def renewed(self, sent_at: float) -> None:
-        """A renewal sent at ``sent_at`` (monotonic) succeeded: the lease holds at least until then
-        plus the lease (the database stamped it after we sent it)."""
-        self.deadline = max(self.deadline, sent_at + self.lease_seconds)
+    def renewed(self, answered_at: float) -> None:
+        """A renewal answered at ``answered_at`` (monotonic) succeeded: the lease cannot outlive
+        that plus the lease (the database stamped it before it answered)."""
+        self.deadline = max(self.deadline, answered_at + self.lease_seconds)
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()

@@ -22,8 +22,13 @@ def retry_delay(services: Services) -> object:
 
 
 async def reconcile(services: Services) -> ReconcileReport:
+    s = services.settings
     report = await services.repo.reconcile(
-        services.registry, batch=services.settings.reconcile_batch, retry_delay=retry_delay(services)
+        services.registry,
+        batch=s.reconcile_batch,
+        retry_delay=retry_delay(services),
+        # A worker transaction open past a lease and a heartbeat's slack belongs to a stopped process.
+        stalled_after=s.lease_seconds + s.heartbeat_seconds,
     )
     for kind in ("failed", "retried", "cancelled", "legacy", "unrunnable", "hook_errors"):
         if getattr(report, kind):

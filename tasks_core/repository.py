@@ -203,6 +203,8 @@ class ReconcileReport:
     # Capacity slots held for a task that is no longer running under that token (only a change
     # made outside the runtime can leave one: every write that ends an attempt frees its slot).
     slots_freed: int = 0
+    # Worker sessions ended for holding a transaction open longer than a lease (a stopped process).
+    sessions_ended: int = 0
     errors: list[str] = field(default_factory=list)
 
 
@@ -522,6 +524,32 @@ class TaskRepository:
                 )
             claimed = (await conn.execute(CLAIM_SQL, params)).mappings().first()
             return None if claimed is None else dict(claimed)
+
+    async def end_stalled_sessions(self, older_than_seconds: float) -> int:
+        """End worker sessions whose transaction has been open longer than ``older_than_seconds``.
+
+        No transaction of a worker outlives a lease legitimately (an owning transaction that long
+        rolls back at commit anyway). A worker stopped mid-transaction would hold its task's row
+        lock, and the reconciler (SKIP LOCKED) would never converge that task. PostgreSQL ends an
+        idle-in-transaction session after a lease by itself, but not one stopped between a
+        statement's Parse and its Sync (asyncpg prepares statements that way), and
+        transaction_timeout only exists from PostgreSQL 17: so the reconciler ends them here.
+        """
+        async with self._autocommit() as conn:
+            ended = (
+                await conn.execute(
+                    text(
+                        f"""SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                        WHERE datname = current_database() AND pid <> pg_backend_pid()
+                          AND application_name LIKE 'dtask-worker:%'
+                          AND xact_start < {NOW} - make_interval(secs => :age)"""
+                    ),
+                    self._p(age=older_than_seconds),
+                )
+            ).scalars().all()
+        if ended:
+            log.warning("ended %d worker session(s) stuck in a transaction", len(ended))
+        return sum(1 for e in ended if e)
 
     async def free_orphan_slots(self) -> int:
         """Free capacity slots held for a task that no longer runs under that token (only a change
@@ -933,7 +961,14 @@ class TaskRepository:
 
     # ---------------------------------------------------------------- maintenance duties
 
-    async def reconcile(self, registry: RunnableSource, *, batch: int, retry_delay: Any) -> ReconcileReport:
+    async def reconcile(
+        self,
+        registry: RunnableSource,
+        *,
+        batch: int,
+        retry_delay: Any,
+        stalled_after: float | None = None,
+    ) -> ReconcileReport:
         """Converge expired leases, legacy (v0) rows, expired rows nobody can run, and pending rows
         that carry cancel intent (claim and publisher skip those, so only this finishes them).
 
@@ -941,6 +976,8 @@ class TaskRepository:
         reconcilers never fight; a task whose convergence fails is skipped for the rest of the run.
         """
         report = ReconcileReport()
+        if stalled_after is not None:
+            report.sessions_ended = await self.end_stalled_sessions(stalled_after)
         report.slots_freed = await self.free_orphan_slots()
         skip: list[uuid.UUID] = []
         for _ in range(batch):

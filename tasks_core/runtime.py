@@ -79,11 +79,9 @@ async def run_task(services: Services, raw_id: object, shutdown: ShutdownSignal 
         await services.repo.message_dropped(task_id)
         return RunOutcome(False, "worker_shutting_down")
     s = services.settings
-    first = sent = time.monotonic()
+    first = time.monotonic()
 
     async def take() -> Claim | str:
-        nonlocal sent
-        sent = time.monotonic()
         return await services.repo.claim(
             task_id,
             services.registry,
@@ -115,7 +113,9 @@ async def run_task(services: Services, raw_id: object, shutdown: ShutdownSignal 
     metrics.CLAIMS.inc()
     spec = services.registry.runnable(claim.task["task_type"], claim.task["handler_version"])
     assert spec is not None  # the claim checked it
-    execution = Execution(services, claim, spec, shutdown or ShutdownSignal(), claim_sent_at=sent)
+    execution = Execution(
+        services, claim, spec, shutdown or ShutdownSignal(), claim_answered_at=time.monotonic()
+    )
     status = await execution.run()
     if execution.unresponsive:
         raise HandlerUnresponsive(status)
@@ -147,7 +147,7 @@ class Execution:
         spec: TaskSpec,
         shutdown: ShutdownSignal,
         *,
-        claim_sent_at: float | None = None,
+        claim_answered_at: float | None = None,
     ) -> None:
         self.services = services
         self.repo = services.repo
@@ -156,7 +156,7 @@ class Execution:
         self.shutdown = shutdown
         self.task_id: uuid.UUID = claim.task["id"]
         self.token = claim.token
-        self.lease = LeaseClock(services.settings.lease_seconds, renewed_at=claim_sent_at)
+        self.lease = LeaseClock(services.settings.lease_seconds, renewed_at=claim_answered_at)
         self.ctx = TaskContext(
             services.repo,
             dict(claim.task),
@@ -247,7 +247,6 @@ class Execution:
         backoff = 0.1
         while True:
             await asyncio.sleep(delay)
-            sent = time.monotonic()
             try:
                 async with asyncio.timeout(interval):
                     beat = await self.repo.heartbeat(self.task_id, self.token, s.lease_seconds)
@@ -265,7 +264,7 @@ class Execution:
                     metrics.FENCED_WRITES_REJECTED.labels(write="heartbeat").inc()
                     self.stop("lost")
                 return
-            self.lease.renewed(sent)
+            self.lease.renewed(time.monotonic())
             if beat.cancel_requested and not self._finishing:
                 self.stop("cancelled")  # and keep beating through the handler's cleanup
 

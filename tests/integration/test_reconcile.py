@@ -322,3 +322,31 @@ async def test_legacy_rows_with_cancel_intent_end_cancelled(services: Any) -> No
     for task_id in (pending, running):
         assert (await task_row(engine, task_id))["status"] == "cancelled"
         assert (await run_row(engine, task_id))["status"] == "cancelled"  # type: ignore[index]
+
+
+async def test_a_worker_stopped_inside_its_transaction_cannot_keep_its_task_from_the_reconciler(
+    services: Any, database_url: str
+) -> None:
+    """A worker process stopped mid-transaction holds its task's row lock; the reconciler (which
+    skips locked rows) ends worker sessions whose transaction outlived a lease, then converges."""
+    import asyncpg
+
+    repo, reg = services.repo, services.registry
+    task_id = await submit(repo)
+    got = await repo.claim(task_id, reg, capacity=4, lease_seconds=0.5)
+    dsn = database_url.replace("postgresql+asyncpg://", "postgresql://")
+    stalled = await asyncpg.connect(dsn, server_settings={"application_name": "dtask-worker:999999"})
+    try:
+        await stalled.execute("BEGIN")
+        await stalled.execute("SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE", task_id)  # the owner's lock
+        await asyncio.sleep(1.0)  # its lease (0.5 s) lapses while it holds the lock
+        report = await repo.reconcile(reg, batch=10, retry_delay=lambda n: 0)
+        assert report.failed == 0  # the locked row is skipped
+        report = await repo.reconcile(reg, batch=10, retry_delay=lambda n: 0, stalled_after=0.5)
+        assert report.sessions_ended == 1 and report.failed == 1, report
+        row = await task_row(services.engine, task_id)
+        assert (row["status"], row["error"]["code"]) == ("failed", "lease_expired")
+        assert got is not None
+    finally:
+        if not stalled.is_closed():
+            await stalled.close(timeout=2)
