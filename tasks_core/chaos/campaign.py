@@ -371,14 +371,18 @@ class Campaign:
         await asyncio.gather(*(self._await_ready(p, timeout, fatal=True) for p in self.slots))
         await self._await_readiness_fact(self.cfg.startup_timeout)
         self.say(f"cluster ready in {time.monotonic() - started:.1f} s: "
-                 + ", ".join(f"{p.node} pid {p.pid}{' (skewed)' if p.skewed else ''}" for p in self.slots)
+                 + ", ".join(f"{p.node} pid {p.pid}{' (skewed)' if p.skewed else ''}"
+                             f"{' (dense)' if p.dense else ''}" for p in self.slots)
                  + f", beat pid {self.beat.pid}")
 
     def _start_worker(self, slot: int) -> F.Managed:
         assert self.procs is not None
         skew = self._skew if slot == 0 else None
         concurrency = self.cfg.concurrency or self.cfg.capacity + 2
-        return self.procs.start_worker(slot, concurrency=concurrency, skew=skew)
+        # The last worker of several runs the dense mode (many tasks on one process's event loop)
+        # beside the prefork ones: every fault hits both kinds.
+        pool = "threads" if self.cfg.workers > 1 and slot == self.cfg.workers - 1 else "prefork"
+        return self.procs.start_worker(slot, concurrency=concurrency, skew=skew, pool=pool)
 
     async def _ping(self, proc: F.Managed) -> bool:
         try:

@@ -224,6 +224,7 @@ class Managed:
     started: float
     node: str | None = None
     skewed: bool = False
+    dense: bool = False  # the dense mode (--pool threads): every task on one event loop
     paused: bool = False
     ready: bool = False
     killed: bool = False  # by the campaign (an exit we caused)
@@ -289,13 +290,15 @@ class Processes:
         self.all.append(proc)
         return proc
 
-    def start_worker(self, slot: int, *, concurrency: int, skew: tuple[str, float] | None = None) -> Managed:
+    def start_worker(
+        self, slot: int, *, concurrency: int, skew: tuple[str, float] | None = None, pool: str = "prefork"
+    ) -> Managed:
         gen = self._generation[slot] = self._generation.get(slot, 0) + 1
         name = f"w{slot}.{gen}"
         node = f"chaos-{name}@{os.uname().nodename}"
         argv = [
             sys.executable, "-m", "celery", "-A", "tasks_core.celery_app", "worker",
-            "-Q", "durable,duties", "-c", str(concurrency), "-P", "prefork", "-l", "INFO", "-n", node,
+            "-Q", "durable,duties", "-c", str(concurrency), "-P", pool, "-l", "INFO", "-n", node,
             "--without-mingle", "--without-gossip",
         ]
         extra: dict[str, str] = {}
@@ -305,7 +308,9 @@ class Processes:
             # alone, libfaketime's sleep wrappers fail with EINVAL); rates stay true, so timers and the
             # heartbeat cadence are unchanged while every timestamp the worker could make is off.
             extra = {"LD_PRELOAD": lib, "FAKETIME": f"{int(seconds):+d}"}
-        return self._spawn(name, argv, self.env(**extra), node=node, skewed=skew is not None)
+        return self._spawn(
+            name, argv, self.env(**extra), node=node, skewed=skew is not None, dense=pool == "threads"
+        )
 
     def start_beat(self) -> Managed:
         argv = [sys.executable, "-m", "celery", "-A", "tasks_core.celery_app", "beat",
