@@ -44,7 +44,7 @@ class DensityOptions(CommonOptions):
     stall_seconds: float = 120.0
 
 
-QUICK = {"sizes": (4, 8), "sleep_seconds": 20.0, "rounds": 1, "stall_seconds": 60.0}
+QUICK = {"sizes": (4,), "sleep_seconds": 20.0, "rounds": 1, "stall_seconds": 60.0}
 
 
 def memory_mb(root_pid: int) -> dict[str, float]:
