@@ -167,7 +167,7 @@ async def submit_batch(
                 }
             )
         else:
-            published = published and outcome.published
+            published = published and outcome.publish_error is None
             results.append({"task": await _submitted_view(svc, outcome)})
     accepted = sum(1 for r in results if "task" in r)
     return {"results": results, "accepted": accepted, "published": published}

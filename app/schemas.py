@@ -102,7 +102,10 @@ class BatchEntry(BaseModel):
 class BatchOut(BaseModel):
     results: list[BatchEntry] = _d("One per submitted entry, in order")
     accepted: int = _d("Entries stored")
-    published: bool = _d("False if the broker could not be reached (the tasks wait, pending)")
+    published: bool = _d(
+        "False if the broker could not be reached (the tasks wait, pending, for the publisher); "
+        "true when the tasks went out or wait only for a free slot"
+    )
 
 
 class TaskPage(BaseModel):

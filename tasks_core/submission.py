@@ -314,12 +314,12 @@ class Submitter:
         self, owner: str | None = None, *, admin: bool = True
     ) -> AsyncIterator[SubmitTransaction]:
         """``admin=False`` for callers acting for an ordinary API key (diagnostics policy)."""
-        async with self.services.engine.connect() as conn:
-            async with conn.begin():
-                tx = SubmitTransaction(self, conn, owner, admin)
-                yield tx
-            # Committed: now, and only now, the ids may travel.
-            await self._publish([r for r in tx.results if r.duplicate_of is None])
+        async with self.services.engine.connect() as conn, conn.begin():
+            tx = SubmitTransaction(self, conn, owner, admin)
+            yield tx
+        # Committed: now, and only now, the ids may travel. The connection is back in the pool
+        # first: the relay takes one of its own, and holding two per request starves the pool.
+        await self._publish([r for r in tx.results if r.duplicate_of is None])
 
     async def submit(
         self,

@@ -247,3 +247,27 @@ async def test_unreachable_broker_leaves_the_pending_fact_and_reports_it(service
     row = await task_row(services.engine, result.task_id)
     assert row["status"] == "pending" and row["last_published_at"] is None
     assert row["publish_error"] == result.publish_error
+
+
+async def test_a_submission_holds_one_pooled_connection_at_a_time(
+    clean_db: None, settings_factory: Any, redis_client: Any
+) -> None:
+    """The committed connection goes back to the pool before the relay publishes: with a pool of
+    one connection, concurrent submissions each commit and publish instead of waiting for a
+    second connection while holding the first (the api answered 500 under 32 clients)."""
+    from tasks_core.services import build_services
+
+    svc = build_services(settings_factory(capacity=100), pool_size=1, max_overflow=0)
+    try:
+        results = await asyncio.wait_for(
+            asyncio.gather(*(Submitter(svc).submit(VALID) for _ in range(8))), timeout=30
+        )
+        batch = await Submitter(svc).submit_many([VALID] * 3)
+        unsent = await scalar(svc.engine, "SELECT count(*) FROM tasks WHERE last_published_at IS NULL")
+    finally:
+        await svc.close()
+    # Each id went out once, by its own submission's relay or a concurrent one's.
+    assert all(r.publish_error is None for r in results)
+    assert all(isinstance(r, Submitted) and r.publish_error is None for r in batch)
+    assert redis_client.llen(QUEUE) == 11
+    assert unsent == 0
