@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from app import routes_health, routes_tasks, routes_types, ui
 from app.auth import Guard, KeyRing
@@ -101,7 +102,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     if services is not None:
         app.state.services = services
     app.add_exception_handler(RequestValidationError, _validation_error)
-    for kind in (DBAPIError, OSError, TimeoutError, RedisError):
+    for kind in (DBAPIError, PoolTimeout, OSError, TimeoutError, RedisError):
         app.add_exception_handler(kind, _dependency_error)
     app.include_router(routes_tasks.router)
     app.include_router(routes_types.router)

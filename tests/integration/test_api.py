@@ -321,6 +321,21 @@ async def test_readyz_names_the_failing_dependency(clean_db: None, silent_port: 
         await bad.close()
 
 
+async def test_an_exhausted_connection_pool_answers_503_not_500(clean_db: None) -> None:
+    """Every pooled connection busy past the wait (a burst of clients) is a dependency that is
+    briefly unavailable: 503 with Retry-After, like a database blink, never a 500."""
+    busy = build_services(make_settings(api_keys=KEYS), pool_size=1, max_overflow=0)
+    app = create_app(services=busy)
+    try:
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+        async with busy.engine.connect(), client:  # the connect() holds the only pooled connection
+            r = await client.get(f"/tasks/{uuid.uuid4()}", headers=ALICE)
+        assert r.status_code == 503, r.text
+        assert r.json()["dependency"] == "postgres" and r.headers["Retry-After"]
+    finally:
+        await busy.close()
+
+
 async def test_metrics_exports_tasks_and_shared_counters(client: httpx.AsyncClient, svc: Any) -> None:
     await post_task(client)
     async with svc.engine.begin() as conn:
