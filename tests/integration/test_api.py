@@ -3,6 +3,7 @@ httpx drives the ASGI app in this event loop)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import time
@@ -355,6 +356,29 @@ async def test_metrics_exports_tasks_and_shared_counters(client: httpx.AsyncClie
     assert 'dtask_handler_seconds_bucket{le="1.0",task_type="diagnostics.noop"} 1.0' in text_
     age = next(line for line in text_.splitlines() if line.startswith("dtask_oldest_pending_age_seconds "))
     assert float(age.split()[1]) >= 89
+
+
+async def test_metrics_count_the_api_s_own_publishes_and_publish_failures(
+    client: httpx.AsyncClient, svc: Any
+) -> None:
+    """Publishes made at submit time by the api process reach /metrics (not only workers')."""
+    from celery import Celery
+
+    from tasks_core.transport import CeleryTransport
+
+    await runtime_metrics.flush(svc.redis)  # deltas left by earlier tests in this process...
+    await svc.redis.delete(runtime_metrics.METRICS_KEY)  # ...are not this test's
+    for _ in range(2):
+        assert (await post_task(client)).status_code == 202
+    dead = dataclasses.replace(svc, transport=CeleryTransport(Celery("dead", broker="redis://127.0.0.1:1/0")))
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(services=dead)), base_url="http://t"
+    ) as unpublished:
+        r = await post_task(unpublished)
+    assert r.status_code == 202 and r.json()["status"] == "pending"
+    text_ = (await client.get("/metrics", headers=ROOT)).text
+    assert 'dtask_published_total{by="submit"} 2.0' in text_, text_
+    assert "dtask_publish_failures_total 1.0" in text_
 
 
 async def test_openapi_describes_every_route(client: httpx.AsyncClient) -> None:
