@@ -15,15 +15,14 @@ from typing import Any
 import httpx
 import pytest
 import test_ui
-from repo_helpers import claim, submit
 from sqlalchemy import text
 
 from app.main import create_app
 from domains.knowledge import catalog
-from domains.knowledge.tasks import INGEST, REINDEX
-from tasks_core.model import Status
+from domains.knowledge.tasks import REINDEX
 from tasks_core.services import build_services
 from tests.conftest import make_settings
+from tests.knowledge_states import add_file, break_, index, new_base, parse
 
 # The dashboard tests' fixtures: ``browser`` and ``app`` run on this module's ``svc``.
 app, browser = test_ui.app, test_ui.browser
@@ -39,49 +38,6 @@ async def svc(clean_db: None) -> Any:
     services = build_services(make_settings(api_keys=test_ui.KEYS, **NO_STORES), pool_size=5)
     yield services
     await services.close()
-
-
-async def new_base(svc: Any, owner: str, name: str) -> str:
-    async with svc.engine.begin() as conn:
-        return str((await catalog.insert_base(conn, owner, name, "hashing-1024", 1024))["id"])
-
-
-async def add_file(svc: Any, base_id: str, owner: str, filename: str) -> tuple[str, uuid.UUID]:
-    """A file as an upload leaves it: ``uploaded``, owned by its pending ingest task."""
-    file_id = catalog.new_id()
-    task_id = await submit(svc.repo, INGEST, {"file_id": file_id}, owner=owner)
-    row = {"file_id": file_id, "kb_id": base_id, "filename": filename, "file_type": "txt", "size_bytes": 1234}
-    async with svc.engine.begin() as conn:
-        await catalog.insert_files(conn, [{**row, "task_id": task_id}])
-    return file_id, task_id
-
-
-async def parse(svc: Any, file_id: str, task_id: uuid.UUID) -> uuid.UUID:
-    """A worker claims the file's task and starts parsing it (``parsing``)."""
-    token = (await claim(svc.repo, svc.registry, task_id)).token
-    async with svc.engine.begin() as conn:
-        assert await catalog.start(conn, file_id, task_id, token)
-    return token
-
-
-async def index(svc: Any, file_id: str, task_id: uuid.UUID, chunks: int) -> None:
-    """Parsed, indexed with ``chunks`` chunks, and the task succeeds (``indexed``)."""
-    token = await parse(svc, file_id, task_id)
-    async with svc.engine.begin() as conn:
-        for expect, to, values in (
-            ("parsing", "parsed", {}),
-            ("parsed", "indexing", {}),
-            ("indexing", "indexed", {"chunk_count": chunks}),
-        ):
-            assert await catalog.advance(conn, file_id, task_id, token, expect, to, **values)
-    await svc.repo.finish(task_id, token, svc.registry, status=Status.SUCCESS, result={"chunks": chunks})
-
-
-async def break_(svc: Any, file_id: str, task_id: uuid.UUID, message: str) -> None:
-    """The task fails while parsing: its terminal hook leaves the file ``error_parsing``."""
-    token = await parse(svc, file_id, task_id)
-    error = {"code": "handler_error", "message": message}
-    await svc.repo.finish(task_id, token, svc.registry, status=Status.FAILED, error=error)
 
 
 async def file_rows(svc: Any, base_id: str) -> dict[str, dict[str, Any]]:
