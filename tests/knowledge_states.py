@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 from domains.knowledge import catalog
+from domains.knowledge.parsing import file_type_of
 from domains.knowledge.tasks import INGEST
 from tasks_core.model import Status
 from tasks_core.repository import Claim, NewTask
@@ -22,7 +23,13 @@ async def add_file(svc: Any, base_id: str, owner: str, filename: str) -> tuple[s
     """A file as an upload leaves it: ``uploaded``, owned by its pending ingest task."""
     file_id = catalog.new_id()
     task = NewTask(INGEST, 1, {"file_id": file_id}, timeout_seconds=3600, owner=owner)
-    row = {"file_id": file_id, "kb_id": base_id, "filename": filename, "file_type": "txt", "size_bytes": 1234}
+    row = {
+        "file_id": file_id,
+        "kb_id": base_id,
+        "filename": filename,
+        "file_type": file_type_of(filename) or "txt",
+        "size_bytes": 1234,
+    }
     async with svc.engine.begin() as conn:
         task_id: uuid.UUID = (await svc.repo.insert(conn, task)).id
         await catalog.insert_files(conn, [{**row, "task_id": task_id}])
@@ -38,9 +45,12 @@ async def parse(svc: Any, file_id: str, task_id: uuid.UUID) -> uuid.UUID:
     return got.token
 
 
-async def index(svc: Any, file_id: str, task_id: uuid.UUID, chunks: int) -> None:
-    """Parsed, indexed with ``chunks`` chunks, and the task succeeds (``indexed``)."""
-    token = await parse(svc, file_id, task_id)
+async def index(
+    svc: Any, file_id: str, task_id: uuid.UUID, chunks: int, token: uuid.UUID | None = None
+) -> None:
+    """Parsed (by the attempt ``token`` that is parsing it, else a new claim), indexed with
+    ``chunks`` chunks, and the task succeeds (``indexed``)."""
+    token = token or await parse(svc, file_id, task_id)
     async with svc.engine.begin() as conn:
         for expect, to, values in (
             ("parsing", "parsed", {}),

@@ -97,6 +97,7 @@ async def test_files_show_their_states_and_link_to_their_tasks(svc: Any, browser
     page = await alice.get(f"/ui/knowledge/bases/{s['base']}")
     assert page.status_code == 200
     assert 'hx-trigger="every 2s"' in page.text  # the table refreshes itself
+    assert '<a href="/ui/knowledge" aria-current="page">Knowledge</a>' in page.text  # where you are
     rows, truth = shown(page), await file_rows(svc, s["base"])
     assert set(rows) == set(truth)
     expected = {"waiting.txt": "uploaded", "reading.txt": "parsing", "done.txt": "indexed"}
