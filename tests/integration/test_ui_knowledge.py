@@ -9,6 +9,8 @@ claim, the task's terminal hook); Milvus and S3 are needed only to reindex.
 from __future__ import annotations
 
 import re
+import statistics
+import time
 import uuid
 from typing import Any
 
@@ -257,3 +259,55 @@ async def test_reindex_form_hands_the_failed_files_to_one_task(
                 assert (await conn.execute(text(count), {"t": REINDEX})).scalar() == 1
     finally:
         await services.close()
+
+
+async def test_a_base_of_ten_thousand_files_renders_a_page_at_a_time(
+    svc: Any, browser: Any, record_property: Any
+) -> None:
+    base = await new_base(svc, "alice", "big")
+    async with svc.engine.begin() as conn:  # in one statement; every state, errors on the failed
+        await conn.execute(
+            text(
+                """INSERT INTO knowledge_files (file_id, kb_id, filename, file_type, size_bytes, status,
+                     error_message, chunk_count, created_at)
+                SELECT md5(i::text), :kb, 'doc-' || i || '.txt', 'txt', i, st,
+                     CASE WHEN st LIKE 'error%' THEN 'not parsed: ' || i END,
+                     CASE WHEN st = 'indexed' THEN i % 40 ELSE 0 END,
+                     clock_timestamp() - make_interval(secs => i)
+                FROM generate_series(1, 10000) AS i,
+                     LATERAL (SELECT (ARRAY['indexed', 'indexed', 'error_parsing', 'error_indexing',
+                                            'uploaded'])[1 + i % 5] AS st) s"""
+            ),
+            {"kb": base},
+        )
+    alice = await browser("alice")
+
+    async def timed(path: str, n: int = 5) -> tuple[float, httpx.Response]:
+        took = []
+        for _ in range(n):
+            started = time.perf_counter()
+            r = await alice.get(path)
+            took.append(time.perf_counter() - started)
+            assert r.status_code == 200, r.text
+        return statistics.median(took) * 1000, r
+
+    path = f"/ui/knowledge/bases/{base}"
+    figures = {}
+    figures["bases page (counts by status)"], listing = await timed("/ui/knowledge")
+    assert ">10,000</td>" in listing.text
+    figures["base page, first 50 files"], first = await timed(path)
+    assert len(shown(first)) == 50 and "<b>10,000</b> files" in first.text
+    figures["files fragment (the 2 s poll)"], _ = await timed(f"{path}/files")
+    figures["200 error_parsing files"], errors = await timed(f"{path}/files?status=error_parsing&limit=200")
+    assert len(shown(errors)) == 200 and {s for s, _ in shown(errors).values()} == {"error_parsing"}
+    query = ""
+    for _ in range(20):  # 20 pages deep: file 1,001
+        older = OLDER.search((await alice.get(f"{path}?{query}")).text)
+        assert older
+        query = older[1].replace("&amp;", "&")
+    figures["page 21 (keyset: no offset)"], deep = await timed(f"{path}/files?{query}")
+    assert len(shown(deep)) == 50
+    print("\na base of 10,000 files; median render times (ms):")
+    for name, ms in figures.items():
+        print(f"  {name:35s} {ms:7.1f}")
+        record_property(name, round(ms, 1))
