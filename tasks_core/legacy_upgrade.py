@@ -51,7 +51,9 @@ def check(conn: Connection, has_files: bool) -> None:
     bad_ids = _count(conn, "SELECT count(*) FROM tasks WHERE id !~* '^[0-9a-f]{32}$'")
     if bad_ids:
         problems.append(f"{bad_ids} task id(s) are not uuid4 hex")
-    bad_status = _count(conn, f"SELECT count(*) FROM tasks WHERE status IS NULL OR status NOT IN {_TASK_STATUSES}")
+    bad_status = _count(
+        conn, f"SELECT count(*) FROM tasks WHERE status IS NULL OR status NOT IN {_TASK_STATUSES}"
+    )
     if bad_status:
         problems.append(f"{bad_status} task(s) with an unknown status")
     if _count(conn, "SELECT count(*) FROM tasks WHERE type IS NULL"):
@@ -94,7 +96,8 @@ def copy_tasks(conn: Connection, timeout_seconds: float) -> int:
                    t.message, CAST(t.result AS jsonb),
                    CASE WHEN t.error IS NOT NULL
                         THEN jsonb_build_object('code', 'legacy_error', 'message', t.error) END,
-                   coalesce(t.created_at, t.updated_at, timezone('UTC', clock_timestamp())) AT TIME ZONE 'UTC',
+                   coalesce(t.created_at, t.updated_at, timezone('UTC', clock_timestamp()))
+                       AT TIME ZONE 'UTC',
                    t.started_at AT TIME ZONE 'UTC',
                    CASE WHEN t.status IN ('success', 'failed', 'cancelled')
                         THEN coalesce(t.completed_at, t.updated_at, t.created_at) AT TIME ZONE 'UTC' END

@@ -34,6 +34,8 @@ OWNED = f"attempt_token = :tok AND status = 'running' AND lease_expires_at > {NO
 # SQLSTATE lock_not_available: raised when lock_timeout expires.
 LOCK_NOT_AVAILABLE = "55P03"
 ACTIVE_SQL = "('pending', 'running')"
+# Why a pre-durable task that was pending or running ends failed (`legacy_interrupted`).
+INTERRUPTED_MESSAGE = "interrupted by the upgrade from the pre-durable release; resubmit to run it again"
 TERMINAL_SQL = "('success', 'failed', 'cancelled')"
 # The row's owner runs fewer than :omax tasks (no limit when :omax is NULL; tasks without an owner,
 # submitted through the Python API, are exempt). Evaluated on `tasks` rows (claim, relay, publisher).
@@ -1081,17 +1083,14 @@ class TaskRepository:
         if row["task_type"] not in registry:
             status = Status.CANCELLED if cancel else Status.FAILED
             message = f"no handler for {row['task_type']} (a task of the pre-durable release)"
-            return await self._converge(conn, row, status, {"code": "handler_unavailable", "message": message}, None)
+            error = {"code": "handler_unavailable", "message": message}
+            return await self._converge(conn, row, status, error, None)
         if cancel:
-            status, error = Status.CANCELLED, {"code": "cancelled", "message": "cancel requested before the upgrade"}
+            status = Status.CANCELLED
+            error = {"code": "cancelled", "message": "cancel requested before the upgrade"}
         else:
-            status, error = (
-                Status.FAILED,
-                {
-                    "code": "legacy_interrupted",
-                    "message": "interrupted by the upgrade from the pre-durable release; resubmit to run it again",
-                },
-            )
+            status = Status.FAILED
+            error = {"code": "legacy_interrupted", "message": INTERRUPTED_MESSAGE}
         return await self._converge(conn, row, status, error, registry)
 
     async def legacy_backlog(self) -> dict[str, int]:

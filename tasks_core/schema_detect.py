@@ -54,6 +54,7 @@ LEGACY_FILE_COLUMNS = {
 # upgrade stopped half-way (or someone created them by hand).
 DURABLE_TABLES = {"task_attempts", "task_slots", "idempotency_keys", "knowledge_bases", "knowledge_chunks"}
 
+
 class MigrationRefused(RuntimeError):
     """The database is nothing `dtask migrate` may change; nothing was changed."""
 
@@ -101,7 +102,9 @@ def _columns(conn: Connection, table: str) -> dict[str, str]:
 
 def _archive_exists(conn: Connection) -> bool:
     return bool(
-        conn.execute(text("SELECT count(*) FROM pg_namespace WHERE nspname = :s"), {"s": ARCHIVE_SCHEMA}).scalar()
+        conn.execute(
+            text("SELECT count(*) FROM pg_namespace WHERE nspname = :s"), {"s": ARCHIVE_SCHEMA}
+        ).scalar()
     )
 
 
@@ -118,9 +121,13 @@ def _shape_mismatch(found: dict[str, str], expected: dict[str, str]) -> str:
 def _alembic(conn: Connection, tables: set[str], head: str) -> Detection:
     versions = [r[0] for r in conn.execute(text("SELECT version_num FROM alembic_version"))]
     if not versions:
-        return Detection("refused", head, reason="half-applied: alembic_version exists but records no revision")
+        return Detection(
+            "refused", head, reason="half-applied: alembic_version exists but records no revision"
+        )
     if len(versions) > 1:
-        return Detection("refused", head, reason=f"alembic_version records several revisions: {sorted(versions)}")
+        return Detection(
+            "refused", head, reason=f"alembic_version records several revisions: {sorted(versions)}"
+        )
     revision = versions[0]
     script = ScriptDirectory.from_config(alembic_config())
     if revision not in {s.revision for s in script.walk_revisions()}:
@@ -133,7 +140,10 @@ def _alembic(conn: Connection, tables: set[str], head: str) -> Detection:
         )
     if "tasks" not in tables:
         return Detection(
-            "refused", head, revision, f"half-applied: alembic_version says {revision} but table tasks is missing"
+            "refused",
+            head,
+            revision,
+            f"half-applied: alembic_version says {revision} but table tasks is missing",
         )
     return Detection("current" if revision == head else "older", head, revision)
 
@@ -147,13 +157,16 @@ def classify(conn: Connection) -> Detection:
     durable = sorted(tables & DURABLE_TABLES)
     if durable:
         return Detection(
-            "refused", head, reason=f"half-applied: tables of this release ({', '.join(durable)}) but no version record"
+            "refused",
+            head,
+            reason=f"half-applied: tables of this release ({', '.join(durable)}) but no version record",
         )
     if _archive_exists(conn):
         return Detection(
             "refused",
             head,
-            reason=f"half-applied: schema {ARCHIVE_SCHEMA} (archived pre-durable tables) exists but no version record",
+            reason=f"half-applied: schema {ARCHIVE_SCHEMA} (archived pre-durable tables) exists "
+            "but no version record",
         )
     if not tables:
         return Detection("empty", head)
@@ -167,12 +180,16 @@ def classify(conn: Connection) -> Detection:
         )
     task_cols = _columns(conn, "tasks")
     if "task_type" in task_cols or task_cols.get("id") == "uuid":
-        return Detection("refused", head, reason="half-applied: table tasks has this release's shape but no version")
+        return Detection(
+            "refused", head, reason="half-applied: table tasks has this release's shape but no version"
+        )
     mismatch = _shape_mismatch(task_cols, LEGACY_TASK_COLUMNS)
     if mismatch:
         return Detection("refused", head, reason=f"table tasks is not the 0.7.2 shape: {mismatch}")
     if "knowledge_files" in tables:
         mismatch = _shape_mismatch(_columns(conn, "knowledge_files"), dict.fromkeys(LEGACY_FILE_COLUMNS, ""))
         if mismatch:
-            return Detection("refused", head, reason=f"table knowledge_files is not the 0.7.2 shape: {mismatch}")
+            return Detection(
+                "refused", head, reason=f"table knowledge_files is not the 0.7.2 shape: {mismatch}"
+            )
     return Detection("pre_durable", head)

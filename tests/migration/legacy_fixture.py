@@ -60,8 +60,10 @@ TASKS: dict[str, tuple[str, str, int, str | None]] = {
 }
 TASK_IDS = {name: uuid.UUID(int=i + 1).hex for i, name in enumerate(TASKS)}
 LEGACY_CREATED = {name: BASE + timedelta(minutes=i) for i, name in enumerate(TASKS)}
-FILES = {status: f"f-{status}" for status in
-         ("uploaded", "parsing", "parsed", "indexing", "indexed", "error_parsing", "error_indexing")}
+FILES = {
+    status: f"f-{status}"
+    for status in ("uploaded", "parsing", "parsed", "indexing", "indexed", "error_parsing", "error_indexing")
+}
 
 
 def run(url: str, sql: str, params: dict[str, Any] | None = None) -> list[Any]:
@@ -89,7 +91,11 @@ def build_0_7_2(url: str) -> None:
                 for name, (task_type, status, cancel, error) in TASKS.items():
                     created = LEGACY_CREATED[name]
                     started = created + timedelta(seconds=5) if status != "pending" else None
-                    done = created + timedelta(seconds=9) if status in ("success", "failed", "cancelled") else None
+                    done = (
+                        created + timedelta(seconds=9)
+                        if status in ("success", "failed", "cancelled")
+                        else None
+                    )
                     await conn.execute(
                         text(
                             """INSERT INTO tasks VALUES (:id, :name, :type, :status, :progress, :message,
@@ -97,23 +103,36 @@ def build_0_7_2(url: str) -> None:
                             :updated, :started, :done)"""
                         ),
                         {
-                            "id": TASK_IDS[name], "name": f"legacy {name}", "type": task_type, "status": status,
-                            "progress": 100.0 if status == "success" else 40.0, "message": f"was {status}",
-                            "payload": '{"seconds": 1}', "result": '{"ok": true}' if status == "success" else None,
-                            "error": error, "cancel": cancel, "created": created,
-                            "updated": created + timedelta(seconds=7), "started": started, "done": done,
+                            "id": TASK_IDS[name],
+                            "name": f"legacy {name}",
+                            "type": task_type,
+                            "status": status,
+                            "progress": 100.0 if status == "success" else 40.0,
+                            "message": f"was {status}",
+                            "payload": '{"seconds": 1}',
+                            "result": '{"ok": true}' if status == "success" else None,
+                            "error": error,
+                            "cancel": cancel,
+                            "created": created,
+                            "updated": created + timedelta(seconds=7),
+                            "started": started,
+                            "done": done,
                         },
                     )
                 for i, (status, file_id) in enumerate(FILES.items()):
                     await conn.execute(
                         text(
-                            """INSERT INTO knowledge_files VALUES (:id, :kb, :fn, 'txt', :status, :err, :chunks,
-                            :created, :created)"""
+                            """INSERT INTO knowledge_files VALUES (:id, :kb, :fn, 'txt', :status, :err,
+                            :chunks, :created, :created)"""
                         ),
                         {
-                            "id": file_id, "kb": "kb-a" if i % 2 else "kb-b", "fn": f"{status}.txt",
-                            "status": status, "err": "old failure" if status.startswith("error") else None,
-                            "chunks": 3 if status == "indexed" else 0, "created": BASE + timedelta(hours=i),
+                            "id": file_id,
+                            "kb": "kb-a" if i % 2 else "kb-b",
+                            "fn": f"{status}.txt",
+                            "status": status,
+                            "err": "old failure" if status.startswith("error") else None,
+                            "chunks": 3 if status == "indexed" else 0,
+                            "created": BASE + timedelta(hours=i),
                         },
                     )
         finally:
@@ -134,7 +153,8 @@ def snapshot(url: str) -> dict[str, Any]:
            FROM information_schema.columns WHERE table_schema NOT IN ('pg_catalog', 'information_schema')
            UNION ALL SELECT 'idx', schemaname || '.' || indexdef FROM pg_indexes
            WHERE schemaname NOT IN ('pg_catalog', 'information_schema')
-           UNION ALL SELECT 'con', conrelid::regclass::text || ' ' || pg_get_constraintdef(oid) FROM pg_constraint
+           UNION ALL SELECT 'con', conrelid::regclass::text || ' ' || pg_get_constraintdef(oid)
+           FROM pg_constraint
            WHERE connamespace NOT IN ('pg_catalog'::regnamespace, 'information_schema'::regnamespace)
            UNION ALL SELECT 'nsp', nspname FROM pg_namespace WHERE nspname NOT LIKE 'pg\\_%'""",
     )
