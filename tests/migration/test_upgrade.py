@@ -142,7 +142,8 @@ def test_anything_else_is_refused_before_any_ddl(db: str, case: str) -> None:
         assert snapshot(db) == before
 
 
-@pytest.mark.parametrize("step", ["archive", "schema", "tasks", "knowledge"])
+# The last step proves everything before it rolls back too; "schema" is the first with DDL of ours.
+@pytest.mark.parametrize("step", ["schema", "knowledge"])
 def test_a_failed_step_changes_nothing_and_the_next_run_succeeds(db: str, step: str) -> None:
     build_0_7_2(db)
     before = snapshot(db)
