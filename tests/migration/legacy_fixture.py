@@ -7,13 +7,17 @@ upgrade keeps each instant.
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import text
 
 from tasks_core.db import make_engine
+from tasks_core.embedded import create_database, drop_database
 
 SCHEMA_0_7_2 = """
 CREATE TABLE tasks (
@@ -64,6 +68,18 @@ FILES = {
     status: f"f-{status}"
     for status in ("uploaded", "parsing", "parsed", "indexing", "indexed", "error_parsing", "error_indexing")
 }
+
+
+@contextmanager
+def scratch_database(prefix: str = "dtask_up") -> Iterator[str]:
+    """A temporary database of its own (dropped after), on the test run's PostgreSQL."""
+    admin = os.environ["DTASK_TEST_ADMIN_URL"]
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    url = create_database(admin, name)
+    try:
+        yield url
+    finally:
+        drop_database(admin, name)
 
 
 def run(url: str, sql: str, params: dict[str, Any] | None = None) -> list[Any]:

@@ -15,7 +15,6 @@ import pytest
 from alembic import command
 
 from tasks_core.db import alembic_config, head_revision
-from tasks_core.embedded import create_database, drop_database
 from tasks_core.legacy_upgrade import LEGACY_OWNER
 from tasks_core.schema_detect import ARCHIVE_SCHEMA, MigrationRefused
 from tasks_core.schema_upgrade import MIGRATE_LOCK_KEY, Outcome, detect, upgrade_database
@@ -26,6 +25,7 @@ from tests.migration.legacy_fixture import (
     TASKS,
     build_0_7_2,
     run,
+    scratch_database,
     snapshot,
     utc,
 )
@@ -36,11 +36,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.fixture
 def db() -> Iterator[str]:
-    admin = os.environ["DTASK_TEST_ADMIN_URL"]
-    name = f"dtask_up_{uuid.uuid4().hex[:10]}"
-    url = create_database(admin, name)
-    yield url
-    drop_database(admin, name)
+    with scratch_database() as url:
+        yield url
 
 
 def migrate(url: str, after_step: Callable[[str], None] | None = None) -> Outcome:
