@@ -223,3 +223,39 @@ def test_two_migrate_processes_at_once_one_applies_the_other_finds_nothing_to_do
     assert sum("found: current (nothing to do)" in out for out in outputs) == 1, outputs
     assert len(run(db, "SELECT id FROM tasks")) == len(TASKS)
     assert _diff(db) == []
+
+
+def test_the_cli_names_what_it_refused_and_db_status_the_starting_point(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from tasks_core.cli import cli
+    from tasks_core.settings import get_settings
+
+    monkeypatch.setenv("DTASK_DATABASE_URL", db)
+    get_settings.cache_clear()
+    try:
+        runner = CliRunner()
+        build_0_7_2(db)
+        status = runner.invoke(cli, ["db-status"])
+        assert status.exit_code == 3 and "starting point: pre-durable release 0.7.2" in status.stdout
+        assert "database: no version" in status.stdout and "run `dtask migrate`" in status.stderr
+
+        run(db, "CREATE TABLE audit (id int)")
+        refused = runner.invoke(cli, ["migrate"])
+        assert refused.exit_code == 3
+        assert refused.stderr.strip().splitlines() == [
+            "refusing to migrate (nothing was changed): unknown tables and no version record: audit "
+            "(migrate handles an empty database, the pre-durable 0.7.2 tables or its own Alembic history)"
+        ]
+        status = runner.invoke(cli, ["db-status"])
+        assert status.exit_code == 3 and "starting point: refused: unknown tables" in status.stdout
+
+        run(db, "DROP TABLE audit")
+        assert runner.invoke(cli, ["migrate"]).exit_code == 0
+        status = runner.invoke(cli, ["db-status"])
+        assert status.exit_code == 0 and "starting point: current" in status.stdout
+        assert "legacy tasks to converge: 5 (2 pending, 3 running)" in status.stdout
+    finally:
+        get_settings.cache_clear()
