@@ -71,10 +71,10 @@ class Detection:
 
     def describe(self) -> str:
         return {
-            "empty": "empty database (the current schema will be created)",
-            "pre_durable": "pre-durable release 0.7.2 (tables with no version record; upgraded in place)",
+            "empty": "empty database (migrate creates the current schema)",
+            "pre_durable": "pre-durable release 0.7.2 (its tables, no version record; migrate upgrades in place)",
             "current": "current (nothing to do)",
-            "older": f"older revision {self.revision} (upgraded to {self.head})",
+            "older": f"older revision {self.revision} (migrate upgrades it to {self.head})",
             "refused": f"refused: {self.reason}",
         }[self.kind]
 
