@@ -72,7 +72,7 @@ class Detection:
     def describe(self) -> str:
         return {
             "empty": "empty database (migrate creates the current schema)",
-            "pre_durable": "pre-durable release 0.7.2 (its tables, no version record; migrate upgrades in place)",
+            "pre_durable": "pre-durable release 0.7.2 (no version record; migrate upgrades it in place)",
             "current": "current (nothing to do)",
             "older": f"older revision {self.revision} (migrate upgrades it to {self.head})",
             "refused": f"refused: {self.reason}",
