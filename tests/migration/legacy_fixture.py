@@ -18,6 +18,7 @@ from sqlalchemy import text
 
 from tasks_core.db import make_engine
 from tasks_core.embedded import create_database, drop_database
+from tasks_core.schema_detect import ARCHIVE_SCHEMA
 
 SCHEMA_0_7_2 = """
 CREATE TABLE tasks (
@@ -93,6 +94,22 @@ def run(url: str, sql: str, params: dict[str, Any] | None = None) -> list[Any]:
             await engine.dispose()
 
     return asyncio.run(go())
+
+
+def reset(url: str) -> None:
+    """Empty the database: no table, no archive schema, no version record."""
+
+    async def go() -> None:
+        engine = make_engine(url, pool_size=1)
+        try:
+            async with engine.begin() as conn:
+                await conn.execute(text(f"DROP SCHEMA IF EXISTS {ARCHIVE_SCHEMA} CASCADE"))
+                await conn.execute(text("DROP SCHEMA public CASCADE"))
+                await conn.execute(text("CREATE SCHEMA public"))
+        finally:
+            await engine.dispose()
+
+    asyncio.run(go())
 
 
 def build_0_7_2(url: str) -> None:

@@ -24,6 +24,7 @@ from tests.migration.legacy_fixture import (
     TASK_IDS,
     TASKS,
     build_0_7_2,
+    reset,
     run,
     scratch_database,
     snapshot,
@@ -34,10 +35,17 @@ from tests.migration.test_migrations import _diff
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture
-def db() -> Iterator[str]:
+@pytest.fixture(scope="module")
+def shared_db() -> Iterator[str]:
     with scratch_database() as url:
         yield url
+
+
+@pytest.fixture
+def db(shared_db: str) -> str:
+    """An empty database: the module's own, emptied (cheaper than a new database per test)."""
+    reset(shared_db)
+    return shared_db
 
 
 def migrate(url: str, after_step: Callable[[str], None] | None = None) -> Outcome:
