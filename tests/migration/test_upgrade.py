@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from alembic import command
@@ -32,7 +33,7 @@ from tests.migration.legacy_fixture import (
 )
 from tests.migration.test_migrations import _diff
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = str(Path(__file__).resolve().parents[2])
 
 
 @pytest.fixture(scope="module")
@@ -178,15 +179,17 @@ def _waiting_on_migrate_lock(url: str) -> int:
     return int(rows[0]["n"])
 
 
-def _spawn_two(env: dict[str, str]) -> list[subprocess.Popen[str]]:
+def _spawn_two(env: dict[str, str], cwd: Path) -> list[subprocess.Popen[str]]:
     argv = [sys.executable, "-m", "tasks_core.cli", "migrate"]
     return [
-        subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(2)
     ]
 
 
-def test_two_migrate_processes_at_once_one_applies_the_other_finds_nothing_to_do(db: str) -> None:
+def test_two_migrate_processes_at_once_one_applies_the_other_finds_nothing_to_do(
+    db: str, tmp_path: Path
+) -> None:
     """Both start while a third session holds the lock, so both are surely inside `dtask migrate`
     at once; released, one upgrades and the other, once it gets the lock, finds a current schema."""
     from sqlalchemy import text
@@ -202,7 +205,7 @@ def test_two_migrate_processes_at_once_one_applies_the_other_finds_nothing_to_do
         try:
             async with engine.connect() as conn:
                 await conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATE_LOCK_KEY})
-                procs += await asyncio.to_thread(_spawn_two, env)
+                procs += await asyncio.to_thread(_spawn_two, env, tmp_path)  # outside the checkout: no .env
                 deadline = time.monotonic() + 60
                 while await asyncio.to_thread(_waiting_on_migrate_lock, db) < 2:
                     assert time.monotonic() < deadline, "the two migrations never both waited on the lock"
