@@ -129,13 +129,14 @@ def db_status() -> None:
     the pre-durable tasks the reconciler has yet to converge."""
     from tasks_core.db import make_engine
     from tasks_core.repository import TaskRepository
-    from tasks_core.schema_detect import Detection, classify
+    from tasks_core.schema_detect import Detection
+    from tasks_core.schema_detect import classify as starting_point
 
     async def go() -> tuple[Detection, dict[str, int] | None]:
         engine = make_engine(get_settings().require_database(), pool_size=1)
         try:
             async with engine.connect() as conn:
-                found = await conn.run_sync(classify)
+                found = await conn.run_sync(starting_point)
             backlog = await TaskRepository(engine).legacy_backlog() if found.kind == "current" else None
             return found, backlog
         finally:
