@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -89,7 +90,11 @@ def test_pre_durable_database_is_upgraded_in_place(db: str) -> None:
         row = rows[TASK_IDS[name]]
         assert (row["task_type"], row["status"], row["handler_version"]) == (task_type, status, 0), name
         assert (row["cancel_requested_at"] is not None) == bool(cancel), name
-        assert row["created_at"] == utc(LEGACY_CREATED[name]), name  # the same instant
+        created = utc(LEGACY_CREATED[name])
+        assert row["created_at"] == created, name  # the same instants
+        assert row["started_at"] == (None if status == "pending" else created + timedelta(seconds=5))
+        terminal = status in ("success", "failed", "cancelled")
+        assert row["finished_at"] == (created + timedelta(seconds=9) if terminal else None), name
         assert row["error"] == (None if error is None else {"code": "legacy_error", "message": error})
         assert (row["attempt_token"] is not None) == (status == "running") and row["attempt_count"] == 0
     assert rows[TASK_IDS["success"]]["result"] == {"ok": True}
