@@ -40,6 +40,7 @@ _STOPWORDS = """a an the this that these those there then when while where what 
     before during since until because although though however therefore thus also moreover
     it its he she they we you i his her their our your my me him them us is are was were be been
     not no yes all any each every some many most more other such one two three first second last
+    meanwhile yesterday today tomorrow later now here finally still
     mr mrs ms dr prof"""
 STOPWORDS = frozenset(_STOPWORDS.split())
 MAX_WORDS = 6
@@ -138,7 +139,9 @@ def load_extractor(spec: str) -> EntityExtractor:
     if spec == "capitalised":
         return CapitalisedTermExtractor()
     target = import_path(spec)
-    extractor = target() if callable(target) and not hasattr(target, "extract") else target
+    # A class or a factory is called; an instance is used as it is.
+    called = isinstance(target, type) or (callable(target) and not hasattr(target, "extract"))
+    extractor = target() if called else target
     name = getattr(extractor, "name", None)
     if not callable(getattr(extractor, "extract", None)) or not isinstance(name, str):
         raise ValueError(f"{spec} is not an entity extractor (needs a name and extract(text))")
