@@ -107,7 +107,7 @@ async def graph_tables(
                 {"id": build_id},
             )
         ).all()
-    return {tuple(r) for r in entities}, {tuple(r) for r in edges}  # type: ignore[misc]
+    return {tuple(r) for r in entities}, {tuple(r) for r in edges}
 
 
 def expected_tables(texts: Sequence[str]) -> tuple[set[tuple[str, int, int]], set[tuple[str, str, int]]]:

@@ -194,7 +194,7 @@ async def test_bad_input_answers_a_clear_4xx_and_changes_nothing() -> None:
         ]:
             r = await client.request(method, path, params=params, headers=BOB)
             assert (r.status_code, r.json()["detail"]) == (404, "no such base"), path
-        for path, params in [
+        bad: list[tuple[str, dict[str, Any]]] = [
             (f"/graph/{base}/entities", {"limit": 0}),
             (f"/graph/{base}/entities", {"limit": 1001}),
             (f"/graph/{base}/entities", {"limit": "many"}),
@@ -205,9 +205,10 @@ async def test_bad_input_answers_a_clear_4xx_and_changes_nothing() -> None:
             (f"/graph/{base}/neighbors", {"entity": ""}),
             (f"/graph/{base}/neighbors", {"entity": "Ada", "limit": 0}),
             ("/graph/NOT-AN-ID/entities", {}),
-        ]:
-            r = await client.get(path, params=params, headers=ALICE)
-            assert r.status_code == 422, (path, params, r.text)
+        ]
+        for path, query in bad:
+            r = await client.get(path, params=query, headers=ALICE)
+            assert r.status_code == 422, (path, query, r.text)
         assert (await client.post(f"/graph/{base}/build")).status_code == 401
         assert await _state(svc) == before
 

@@ -32,7 +32,7 @@ async def test_a_build_whose_worker_is_killed_retries_by_itself_and_ends_with_th
 ) -> None:
     gate = tmp_path / "graph-gate"
     gate.touch()
-    env = {
+    env: dict[str, Any] = {
         "DTASK_GRAPH_EXTRACTOR": "tests.graph_extractors:GateExtractor",
         "DTASK_TEST_GRAPH_GATE": str(gate),
         "DTASK_TEST_GRAPH_HOLD_AFTER": str(HOLD_AFTER),
