@@ -85,10 +85,21 @@ def _decode(cursor: str) -> tuple[int, str]:
         not isinstance(value, list)
         or len(value) != 2
         or type(value[0]) is not int
+        or not 0 <= value[0] < 2**31  # a count column's range
         or not isinstance(value[1], str)
+        or "\x00" in value[1]
+        or not _encodable(value[1])
     ):
         raise _invalid("cursor", "not a cursor this API gave out")
     return value[0], value[1]
+
+
+def _encodable(name: str) -> bool:
+    try:
+        name.encode()
+    except UnicodeEncodeError:  # a lone surrogate: no entity can have it
+        return False
+    return True
 
 
 def _build_view(row: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -6,6 +6,8 @@ the clean graph, attempts are bounded, and a build never outlives its task (I6).
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import uuid
 from typing import Any
 
@@ -158,6 +160,10 @@ async def test_concurrent_build_requests_share_one_build_and_task() -> None:
         assert await scalar(svc, "SELECT count(*) FROM graph_builds") == 1
 
 
+def _cursor(value: Any) -> str:
+    return base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip("=")
+
+
 async def _state(svc: Any) -> tuple[Any, ...]:
     return (
         await scalar(svc, "SELECT count(*) FROM tasks"),
@@ -201,6 +207,8 @@ async def test_bad_input_answers_a_clear_4xx_and_changes_nothing() -> None:
             (f"/graph/{base}/entities", {"cursor": "not a cursor!"}),
             (f"/graph/{base}/entities", {"cursor": "bm90LWpzb24"}),  # base64 of "not-json"
             (f"/graph/{base}/entities", {"cursor": "WzEsMl0"}),  # [1,2]: a name must be text
+            (f"/graph/{base}/entities", {"cursor": _cursor([2**40, "Ada"])}),  # past a count's range
+            (f"/graph/{base}/entities", {"cursor": _cursor([1, "\ud800"])}),  # a lone surrogate
             (f"/graph/{base}/neighbors", {}),
             (f"/graph/{base}/neighbors", {"entity": ""}),
             (f"/graph/{base}/neighbors", {"entity": "Ada", "limit": 0}),
