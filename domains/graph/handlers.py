@@ -57,16 +57,18 @@ async def build(ctx: TaskContext) -> Any:
             break
         counts = await asyncio.to_thread(count_chunks, extractor, [c[2] for c in chunks])
         last = (chunks[-1][0], chunks[-1][1])
-        before = pos
-
-        write = _batch_writer(build_id, token, before, last, len(chunks), counts)
+        write = _batch_writer(build_id, token, pos, last, len(chunks), counts)
         if await ctx.run_in_owning_transaction(write):
             pos, done = last, done + len(chunks)
         else:
             # Not where we left it: a COMMIT whose answer was lost went through after all. The
             # build's own row says where it is.
             async with ctx.owning_transaction() as conn:
-                pos, done, status = await store.position(conn, build_id)
+                where = await store.position(conn, build_id)
+            if where is None:
+                # The base was deleted meanwhile (its builds go with it): nothing left to build.
+                return {"base_id": payload.base_id, "skipped": "the base was deleted during the build"}
+            pos, done, status = where
             if status != BUILDING:
                 raise RuntimeError(f"graph build {build_id} is {status}, not building")
             log.info("graph build %s: checkpoint re-read at %s", build_id, pos)

@@ -170,14 +170,16 @@ async def add_counts(conn: AsyncConnection, build_id: uuid.UUID, counts: BatchCo
         )
 
 
-async def position(conn: AsyncConnection, build_id: uuid.UUID) -> tuple[Position, int, str]:
-    """The build's checkpoint, chunks counted so far, and status."""
+async def position(conn: AsyncConnection, build_id: uuid.UUID) -> tuple[Position, int, str] | None:
+    """The build's checkpoint, chunks counted so far, and status (None: the build is gone)."""
     row = (
         await conn.execute(
             text("SELECT cursor_file, cursor_seq, chunks_done, status FROM graph_builds WHERE id = :id"),
             {"id": build_id},
         )
-    ).one()
+    ).first()
+    if row is None:
+        return None
     pos = None if row[0] is None else (row[0], int(row[1]))
     return pos, int(row[2]), row[3]
 
