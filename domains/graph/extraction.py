@@ -44,6 +44,9 @@ _STOPWORDS = """a an the this that these those there then when while where what 
     mr mrs ms dr prof"""
 STOPWORDS = frozenset(_STOPWORDS.split())
 MAX_WORDS = 6
+# Longer names are dropped, whatever the extractor: a name is a primary-key column (btree entries
+# are limited to about 2.7 kB) and nobody browses a graph by a paragraph.
+MAX_NAME_CHARS = 200
 
 
 def _capitalised(word: str) -> bool:
@@ -119,12 +122,21 @@ class BatchCounts:
     edges: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     def add_chunk(self, names: Iterable[str]) -> None:
-        occurrences = list(names)
+        occurrences = [n for n in names if _storable(n)]
         self.mentions.update(occurrences)
         distinct = sorted(set(occurrences))
         self.chunks.update(distinct)
         # Each pair once per chunk, stored as (smaller, larger): an undirected edge.
         self.edges.update(combinations(distinct, 2))
+
+
+def _storable(name: str) -> bool:
+    return (
+        isinstance(name, str)
+        and 0 < len(name) <= MAX_NAME_CHARS
+        and "\x00" not in name
+        and name.strip() == name
+    )
 
 
 def count_chunks(extractor: EntityExtractor, texts: Iterable[str]) -> BatchCounts:

@@ -9,6 +9,7 @@ import asyncio
 import base64
 import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from domains.graph.handlers import _batch_writer
 from domains.graph.tasks import MAX_ATTEMPTS
 from tasks_core.context import TaskContext
 from tasks_core.repository import OwnershipLost
-from tasks_core.runtime import run_task
+from tasks_core.runtime import ShutdownSignal, run_task
 from tests.graph_helpers import build_row, corpus, expected_tables, graph_tables, make_base
 from tests.knowledge_helpers import ALICE, BOB, ROOT, knowledge_api, run_pending, scalar
 
@@ -308,3 +309,39 @@ async def test_cancelling_a_pending_build_ends_the_build_cancelled_with_its_task
         assert r.status_code == 200, r.text
         row = await build_row(svc, uuid.UUID(ref["build_id"]))
         assert row["status"] == "cancelled" and row["finished_at"] is not None
+
+
+async def test_worker_shutdown_hands_the_build_back_and_the_next_run_resumes_at_its_checkpoint(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    gate.touch()
+    monkeypatch.setenv("DTASK_GRAPH_BATCH_CHUNKS", "3")
+    monkeypatch.setenv("DTASK_GRAPH_EXTRACTOR", "tests.graph_extractors:GateExtractor")
+    monkeypatch.setenv("DTASK_TEST_GRAPH_GATE", str(gate))
+    monkeypatch.setenv("DTASK_TEST_GRAPH_HOLD_AFTER", "6")  # two batches counted, the third held
+    files = corpus(files=2, chunks_per_file=7)
+    async with knowledge_api() as (client, svc):
+        base, _ = await make_base(svc, files)
+        ref = await _build(client, base)
+        task_id, build_id = uuid.UUID(ref["task_id"]), uuid.UUID(ref["build_id"])
+        shutdown = ShutdownSignal()
+        run = asyncio.create_task(run_task(svc, str(task_id), shutdown))
+        for _ in range(600):  # until the extractor is held (at most 30 s)
+            if await asyncio.to_thread(Path(f"{gate}.entered").exists):
+                break
+            await asyncio.sleep(0.05)
+        assert (await build_row(svc, build_id))["chunks_done"] == 6
+        # The worker is asked to stop: after its grace period the retry-safe build goes back to
+        # pending (no hook, the build stays open) instead of failing.
+        shutdown.set()
+        assert (await asyncio.wait_for(run, 10)).status == "pending"
+        gate.unlink()
+        task = (await client.get(f"/tasks/{task_id}", headers=ALICE)).json()
+        assert (task["status"], task["attempt_count"]) == ("pending", 1)
+        assert (await build_row(svc, build_id))["status"] == "building"
+
+        assert (await run_task(svc, str(task_id))).status == "success"
+        task = (await client.get(f"/tasks/{task_id}", headers=ALICE)).json()
+        assert task["attempt_count"] == 2 and task["result"]["resumed_from"] == 6
+        assert await graph_tables(svc, build_id) == expected_tables([t for f in files for t in f])

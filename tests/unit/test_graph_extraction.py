@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from domains.graph.extraction import (
+    MAX_NAME_CHARS,
     BatchCounts,
     CapitalisedTermExtractor,
     count_chunks,
@@ -95,3 +96,11 @@ def test_load_extractor_by_name_or_path_and_refuses_what_is_not_one() -> None:
         load_extractor("tests.graph_helpers:NAMES")
     with pytest.raises(ValueError):
         load_extractor("nonsense")
+
+
+def test_names_no_database_column_can_hold_are_dropped_whatever_the_extractor() -> None:
+    counts = BatchCounts()
+    counts.add_chunk(["Ada", "", " Ada", "A\x00B", "X" * (MAX_NAME_CHARS + 1), "Y" * MAX_NAME_CHARS])
+    assert counts.mentions == {"Ada": 1, "Y" * MAX_NAME_CHARS: 1}
+    # The default extractor never produces one from a long capitalised run either.
+    assert extract("Then " + "Abc " * 100 + "ended.") == []
