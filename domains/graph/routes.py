@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 
 from app.auth import Principal, principal
 from domains.graph import store
-from domains.graph.model import BUILDING, BUILT
+from domains.graph.model import BUILT
 from domains.graph.schemas import BuildRef, EntityPage, GraphError, GraphOut, NeighborsOut
 from domains.graph.tasks import BUILD
 from domains.knowledge import catalog
@@ -127,10 +127,12 @@ async def build(base_id: BaseId, caller: Caller, svc: Svc) -> Any:
             submitted = await tx.add(TaskIntent(BUILD, {"base_id": base_id}, dedupe_key=f"base:{base_id}"))
             if submitted.duplicate_of is not None:
                 row = await store.build_of_task(tx.conn, submitted.duplicate_of)
+                if row is None:  # the base was deleted meanwhile, and its builds with it
+                    raise HTTPException(404, "no such base")
                 return {
-                    "build_id": row["id"] if row else None,
+                    "build_id": row["id"],
                     "task_id": submitted.duplicate_of,
-                    "status": row["status"] if row else BUILDING,
+                    "status": row["status"],
                     "deduplicated": True,
                 }
             row = await store.create_build(tx.conn, base_id, submitted.task_id)
