@@ -425,3 +425,50 @@ async def test_concurrent_resumes_share_one_task(knowledge_stores: dict[str, str
         ds = (await client.get(f"/evaluation/datasets/{created['id']}", headers=ALICE)).json()
         assert (ds["status"], ds["item_count"], ds["task_id"]) == ("completed", 3, task_id)
         assert await rows(svc, "SELECT 1 FROM evaluation_items WHERE dataset_id = :id", id=created["id"])
+
+
+async def test_a_runs_status_converges_with_its_tasks(knowledge_stores: dict[str, str]) -> None:
+    async with knowledge_api() as (client, svc):
+        base, _ = await indexed_base(client, svc, [("river.txt", document("river"))])
+        dataset = await _create(client, base, 2)
+        assert await run_pending(svc) == ["success"]
+
+        async def new_run() -> dict[str, Any]:
+            r = await client.post(
+                "/evaluation/runs",
+                json={"dataset_id": dataset["id"], "base_id": base, "top_k": 2},
+                headers=ALICE,
+            )
+            assert r.status_code == 202, r.text
+            body: dict[str, Any] = r.json()
+            return body
+
+        async def run_state(run: dict[str, Any]) -> tuple[str, str, str | None]:
+            got = (await client.get(f"/evaluation/runs/{run['id']}", headers=ALICE)).json()
+            task = (await client.get(f"/tasks/{run['task_id']}", headers=ALICE)).json()
+            return got["status"], task["status"], got["error_message"]
+
+        # Cancelled while pending: at once, with its hook.
+        cancelled = await new_run()
+        assert (await client.post(f"/tasks/{cancelled['task_id']}/cancel", headers=ALICE)).status_code == 200
+        assert (await run_state(cancelled))[:2] == ("cancelled", "cancelled")
+
+        # Its attempt lost (lease expired, found by the reconciler).
+        lost = await new_run()
+        attempt = await _attempt(svc, lost["task_id"])
+        await _expire_and_reconcile(svc, attempt.task_id)
+        status, task_status, error = await run_state(lost)
+        assert (status, task_status) == ("failed", "failed") and "lease_expired" in (error or "")
+
+        # The handler fails: the base's vectors are of another embedder than this worker's.
+        failing = await new_run()
+        async with svc.engine.begin() as conn:
+            await conn.execute(
+                text("UPDATE knowledge_bases SET embedder = 'other-7' WHERE id = :id"), {"id": base}
+            )
+        assert await run_pending(svc) == ["failed"]
+        status, task_status, error = await run_state(failing)
+        assert (status, task_status) == ("failed", "failed") and "other-7" in (error or "")
+        assert (await client.get(f"/evaluation/runs/{failing['id']}", headers=ALICE)).json()[
+            "metrics"
+        ] is None
