@@ -98,6 +98,8 @@ async def generate_dataset(ctx: TaskContext) -> Any:
         position += len(batch)
         count = new_count
         await ctx.report(100.0 * count / target, f"{count} of {target} items")
+        if settings.batch_pause_seconds and count < target:
+            await asyncio.sleep(settings.batch_pause_seconds)  # a cancel interrupts it at once
     # Completion is the success hook's: it commits with the task's success, or not at all.
     return {"dataset_id": dataset_id, "item_count": count, "generator": generator.name}
 

@@ -19,5 +19,7 @@ class EvaluationSettings(BaseSettings):
     generator: str = "local"
     # Items generated and committed per owning transaction: what a crash can cost at most.
     batch_size: Annotated[int, Field(ge=1, le=1000)] = 20
+    # Seconds to wait after each generated batch: keeps a model's API under its rate limit.
+    batch_pause_seconds: Annotated[float, Field(ge=0, le=3600)] = 0.0
     # Dataset items evaluated (searched and checkpointed) per owning transaction of a run.
     run_batch_size: Annotated[int, Field(ge=1, le=1000)] = 50
