@@ -13,6 +13,8 @@ from domains.evaluation.settings import MAX_DATASET_SIZE, MAX_TOP_K
 ID = r"^[0-9a-f]{32}$"
 DatasetStatus = Literal["generating", "completed", "failed", "cancelled"]
 RunStatus = Literal["running", "completed", "failed", "cancelled"]
+DATASET_STATUS = "generating → completed; failed or cancelled keep their items (resume to continue)"
+RUN_STATUS = "running → completed (with metrics), or failed / cancelled with its task"
 
 
 class DatasetIn(BaseModel):
@@ -30,37 +32,35 @@ class DatasetIn(BaseModel):
 
 
 class DatasetRef(BaseModel):
-    id: str
-    task_id: UUID
-    status: DatasetStatus
+    id: str = Field(description="The dataset's id (32 hex digits)")
+    task_id: UUID = Field(description="The task generating it")
+    status: DatasetStatus = Field(description=DATASET_STATUS)
 
 
 class DatasetOut(BaseModel):
-    id: str
-    base_id: str
-    status: DatasetStatus = Field(
-        description="generating → completed; failed or cancelled keep their items (resume to continue)"
-    )
+    id: str = Field(description="The dataset's id (32 hex digits)")
+    base_id: str = Field(description="The base its items are drawn from")
+    status: DatasetStatus = Field(description=DATASET_STATUS)
     item_count: int = Field(description="Items persisted so far")
     target: int = Field(description="Items asked for")
     task_id: UUID | None = Field(None, description="The task generating it (or that last did)")
-    error_message: str | None = None
-    generator: str | None = None
-    created_at: datetime
-    updated_at: datetime
+    error_message: str | None = Field(None, description="Why it stopped, when it is failed or cancelled")
+    generator: str | None = Field(None, description="The generator that wrote its items")
+    created_at: datetime = Field(description="When it was created")
+    updated_at: datetime = Field(description="When it last changed")
 
 
 class ItemOut(BaseModel):
     seq: int = Field(description="Position in the dataset (0-based)")
     chunk_id: str = Field(description="The chunk the item was drawn from")
     ordinal: int = Field(description="Which question drawn from that chunk")
-    question: str
-    answer: str
-    relevant_chunk_ids: list[str]
+    question: str = Field(description="The question (a retrieval query)")
+    answer: str = Field(description="The passage that answers it")
+    relevant_chunk_ids: list[str] = Field(description="Chunks a retriever should return: the source first")
 
 
 class ItemPage(BaseModel):
-    items: list[ItemOut]
+    items: list[ItemOut] = Field(description="Items in dataset order")
     next_cursor: str | None = Field(None, description="Pass back as `cursor` for the next page")
 
 
@@ -75,9 +75,9 @@ class RunIn(BaseModel):
 
 
 class RunRef(BaseModel):
-    id: str
-    task_id: UUID
-    status: RunStatus
+    id: str = Field(description="The run's id (32 hex digits)")
+    task_id: UUID = Field(description="The task evaluating it")
+    status: RunStatus = Field(description=RUN_STATUS)
 
 
 class Metrics(BaseModel):
@@ -86,49 +86,49 @@ class Metrics(BaseModel):
     mrr: float = Field(
         description="Mean reciprocal rank of the first relevant chunk (0 when none in the top k)"
     )
-    items: int
-    top_k: int
+    items: int = Field(description="Items evaluated")
+    top_k: int = Field(description="k")
 
 
 class Progress(BaseModel):
-    done: int
-    total: int
-    percent: float
+    done: int = Field(description="Items evaluated and checkpointed")
+    total: int = Field(description="Items in the dataset")
+    percent: float = Field(description="done / total, in percent")
 
 
 class RunOut(BaseModel):
-    id: str
-    dataset_id: str
-    base_id: str
-    top_k: int
-    status: RunStatus
+    id: str = Field(description="The run's id (32 hex digits)")
+    dataset_id: str = Field(description="The dataset whose questions are asked")
+    base_id: str = Field(description="The base searched")
+    top_k: int = Field(description="Chunks retrieved per question")
+    status: RunStatus = Field(description=RUN_STATUS)
     metrics: Metrics | None = Field(None, description="Set when the run is completed")
-    progress: Progress
-    task_id: UUID | None = None
-    error_message: str | None = None
-    created_at: datetime
-    updated_at: datetime
+    progress: Progress = Field(description="Items evaluated so far")
+    task_id: UUID | None = Field(None, description="The task evaluating it")
+    error_message: str | None = Field(None, description="Why it stopped, when it is failed or cancelled")
+    created_at: datetime = Field(description="When it was created")
+    updated_at: datetime = Field(description="When it last changed")
 
 
 class OutcomeOut(BaseModel):
-    seq: int
-    question: str
-    relevant_chunk_ids: list[str]
-    retrieved_chunk_ids: list[str]
-    hit: bool
+    seq: int = Field(description="The item's position in the dataset")
+    question: str = Field(description="The item's question")
+    relevant_chunk_ids: list[str] = Field(description="The item's relevant chunks")
+    retrieved_chunk_ids: list[str] = Field(description="The top k chunks retrieved, best first")
+    hit: bool = Field(description="A relevant chunk is among them")
     rank: int | None = Field(None, description="1-based rank of the first relevant chunk, if retrieved")
-    recall: float
+    recall: float = Field(description="Share of the relevant chunks retrieved")
 
 
 class OutcomePage(BaseModel):
-    items: list[OutcomeOut]
-    next_cursor: str | None = None
+    items: list[OutcomeOut] = Field(description="Outcomes in dataset order")
+    next_cursor: str | None = Field(None, description="Pass back as `cursor` for the next page")
 
 
 class EvaluationError(BaseModel):
-    detail: str
+    detail: str = Field(description="What went wrong")
 
 
 class EvaluationConflict(BaseModel):
-    detail: str
+    detail: str = Field(description="What is in the way")
     task_id: UUID | None = Field(None, description="The active task in the way, if there is one")
