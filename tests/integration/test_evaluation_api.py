@@ -460,6 +460,16 @@ async def test_a_runs_status_converges_with_its_tasks(knowledge_stores: dict[str
         status, task_status, error = await run_state(lost)
         assert (status, task_status) == ("failed", "failed") and "lease_expired" in (error or "")
 
+        # Past its timeout (a millisecond: the runtime stops it at its first await).
+        timed_out = await new_run()
+        async with svc.engine.begin() as conn:
+            await conn.execute(
+                text("UPDATE tasks SET timeout_seconds = 0.001 WHERE id = :id"), {"id": timed_out["task_id"]}
+            )
+        assert await run_pending(svc) == ["failed"]
+        status, task_status, error = await run_state(timed_out)
+        assert (status, task_status) == ("failed", "failed") and "timeout" in (error or "")
+
         # The handler fails: the base's vectors are of another embedder than this worker's.
         failing = await new_run()
         async with svc.engine.begin() as conn:
