@@ -1,7 +1,8 @@
 """Evaluation datasets through real `celery worker` processes, a real milvus-lite server and S3:
 a generation SIGKILLed midway ends `failed` with the items it committed, a resume finishes it with
 exactly the target and no duplicates; a cancelled generation keeps its items and ends `cancelled`
-in the same transaction as its task; an evaluation run on a worker completes with its metrics."""
+in the same transaction as its task, a worker shut down ends it `failed` (`worker_shutdown`) the
+same way; an evaluation run on a worker completes with its metrics."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ async def _ended(svc: Any, dataset_id: str, within: float) -> dict[str, Any]:
     return await wait_for(probe, within=within, interval=0.1, what=f"dataset {dataset_id} to end")
 
 
-async def test_killed_generation_resumes_to_exactly_its_target_and_cancel_keeps_committed_items(
+async def test_killed_cancelled_or_shut_down_generations_keep_their_items_and_resume_to_exactly_the_target(
     cluster: Cluster, knowledge_stores: dict[str, str], tmp_path: Path
 ) -> None:
     gate = tmp_path / "generation-gate"
@@ -101,7 +102,10 @@ async def test_killed_generation_resumes_to_exactly_its_target_and_cancel_keeps_
         assert state["item_count"] == CHUNKS and "resume" in state["error_message"]
         assert_distinct(await items(svc, killed["id"]), CHUNKS)
 
-        # -- cancel of a running generation (on the surviving worker)
+        # A third worker warms up meanwhile: the shutdown below needs a survivor too.
+        workers.append(cluster.start_worker("worker3", concurrency=2, **env))
+
+        # -- cancel of a running generation
         await asyncio.to_thread(entered.unlink)
         r = await client.post("/evaluation/datasets", json={"base_id": base, "size": SIZE}, headers=ALICE)
         cancelled = r.json()
@@ -116,13 +120,29 @@ async def test_killed_generation_resumes_to_exactly_its_target_and_cancel_keeps_
         )
         assert_distinct(await items(svc, cancelled["id"]), CHUNKS)
 
-        # -- resume both: each ends with exactly its target, no item twice
+        # -- worker shutdown (SIGTERM to the main process, as a supervisor sends it)
+        await cluster.wait_worker_ready(workers[-1])
+        await asyncio.to_thread(entered.unlink)
+        r = await client.post("/evaluation/datasets", json={"base_id": base, "size": SIZE}, headers=ALICE)
+        shut = r.json()
+        await wait_for(held, within=60, what="the third generation to be held")
+        owner = await scalar(svc, "SELECT worker FROM task_attempts WHERE task_id = :id", id=shut["task_id"])
+        [holder] = [w for w in workers if owner.startswith(f"{w.node}:")]
+        holder.send(signal.SIGTERM)
+        state = await _ended(svc, shut["id"], within=30)
+        assert (state["status"], state["task_error"]["code"], state["item_count"]) == (
+            "failed",
+            "worker_shutdown",
+            CHUNKS,
+        )
+
+        # -- resume all three: each ends with exactly its target, no item twice
         await asyncio.to_thread(gate.unlink)
-        for dataset in (killed, cancelled):
+        for dataset in (killed, cancelled, shut):
             r = await client.post(f"/evaluation/datasets/{dataset['id']}/resume", headers=ALICE)
             assert r.status_code == 202, r.text
             dataset["resumed_by"] = r.json()["task_id"]
-        for dataset in (killed, cancelled):
+        for dataset in (killed, cancelled, shut):
             state = await _ended(svc, dataset["id"], within=60)
             assert (state["status"], state["task_status"], state["item_count"]) == (
                 "completed",
