@@ -26,6 +26,7 @@ DOMAIN_SPEC_MODULES: tuple[str, ...] = (
     "domains.diagnostics.tasks",
     "domains.knowledge.tasks",
     "domains.evaluation.tasks",
+    "domains.graph.tasks",
 )
 
 HookKind = Literal["success", "failure"]

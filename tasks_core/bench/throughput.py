@@ -96,7 +96,7 @@ async def _run(opts: ThroughputOptions) -> dict[str, Any]:
             for round_no, seq, name in alternate(list(variants), opts.rounds):
                 if name.startswith("durable-cap"):
                     cap = int(name.removeprefix("durable-cap"))
-                    data = await _durable_round(env, services, db_url, opts, cap)
+                    data = await durable_round(env, services, db_url, opts, cap)
                     doc.settings.setdefault("worker_settings", {})[name] = data.pop("settings")
                     doc.settings["celery"] = env.celery_settings()
                 elif name == "plain-celery":
@@ -116,14 +116,17 @@ async def _run(opts: ThroughputOptions) -> dict[str, Any]:
     return _finish(doc, rounds, capacities, clients, opts.concurrency)
 
 
-async def _durable_round(
-    env: BenchEnv, services: Any, db_url: str, opts: ThroughputOptions, capacity: int
+async def durable_round(
+    env: BenchEnv, services: Any, db_url: str, opts: ThroughputOptions, capacity: int,
+    pool: str = "prefork",
 ) -> dict[str, Any]:
+    """One round of no-ops through the real durable path on a fresh worker (``pool``: prefork, or
+    threads for the dense mode)."""
     engine = services.engine
     env.clear_queues()
     await reset_tables(engine)
     settings = env.dtask_settings(db_url, capacity=capacity, worker_concurrency=opts.concurrency)
-    proc = env.start_worker("durable", settings, concurrency=opts.concurrency)
+    proc = env.start_worker("durable", settings, concurrency=opts.concurrency, pool=pool)
     try:
         startup = await env.wait_ready(proc)
         if opts.warmup:

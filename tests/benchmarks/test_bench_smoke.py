@@ -28,7 +28,7 @@ EXPECTED_VARIANTS = {
     "recovery": {"kill-worker", "kill-child"},
     "scale": {"small", "large"},
     "soak": {"durable", "plain-celery"},
-    "density": {"prefork-4", "dense-4"},
+    "density": {"prefork-4", "dense-4", "prefork-noop", "dense-noop"},
 }
 # The headline number of each variant (a median across rounds) that must be positive.
 HEADLINE = {
@@ -38,6 +38,9 @@ HEADLINE = {
     "scale": [f"{op}_median_ms" for op in ("insert", "claim", "finish", "publish", "summary")],
     "soak": ["rss_start_mb", "rss_end_mb", "tasks_per_s"],
     "density": ["seconds_until_all_running", "running_rss_mb", "running_pss_mb", "pss_mb_per_task"],
+    # A variant that measures something else names its own headline.
+    "density:prefork-noop": ["tasks_per_s"],
+    "density:dense-noop": ["tasks_per_s"],
 }
 
 
@@ -82,7 +85,7 @@ def check_shape(data: dict[str, Any], workload: str) -> None:
     for name, variant in data["variants"].items():
         assert variant["description"]
         assert len(variant["rounds"]) == 1, name
-        for key in HEADLINE[workload]:
+        for key in HEADLINE.get(f"{workload}:{name}", HEADLINE[workload]):
             assert variant["median"][key] > 0, (name, key, variant["median"])
     assert data["ratios"]
     for name, value in data["ratios"].items():
@@ -149,6 +152,8 @@ def test_density(tmp_path: Path, redis_url: str) -> None:
     check_shape(data, "density")
     for mode in ("prefork", "dense"):
         assert data["variants"][f"{mode}-4"]["rounds"][0]["tasks"] == 4
+        noop = data["variants"][f"{mode}-noop"]["rounds"][0]
+        assert noop["succeeded"] == noop["tasks"] == 20 and noop["tasks_per_s"] > 0
 
 
 def test_refuses_a_redis_db_in_use(tmp_path: Path, redis_url: str) -> None:

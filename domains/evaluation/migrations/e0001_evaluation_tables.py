@@ -1,7 +1,7 @@
 """evaluation domain: datasets and their items, runs and their per-item outcomes
 
 Revision ID: e0001
-Revises: k0001
+Revises: g0001
 Create Date: 2026-11-30
 """
 
@@ -12,7 +12,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "e0001"
-down_revision = "k0001"
+down_revision = "g0001"
 branch_labels = None
 depends_on = None
 
