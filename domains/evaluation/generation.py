@@ -107,8 +107,11 @@ def relevant_chunks(item: GeneratedItem, chunks: Sequence[Chunk], limit: int = 2
 def load_generator(spec: str) -> ItemGenerator:
     if spec == "local":
         return LocalGenerator()
-    target = import_path(spec)
-    generator = target() if isinstance(target, type) else target
+    try:
+        target = import_path(spec)
+        generator = target() if isinstance(target, type) else target
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        raise ValueError(f"DTASK_EVAL_GENERATOR={spec!r}: {exc}") from exc
     if not isinstance(generator, ItemGenerator):
         raise ValueError(f"DTASK_EVAL_GENERATOR={spec!r} is not an ItemGenerator (name, per_chunk, generate)")
     return generator

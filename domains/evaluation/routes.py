@@ -106,7 +106,7 @@ async def create_dataset(body: DatasetIn, caller: Caller, svc: Svc) -> Any:
         chunks = await store.chunk_count(conn, body.base_id)
     try:
         per_chunk = load_generator(EvaluationSettings().generator).per_chunk
-    except (ValueError, ImportError, AttributeError) as exc:
+    except ValueError as exc:  # DTASK_EVAL_GENERATOR names nothing usable
         raise HTTPException(503, f"DTASK_EVAL_GENERATOR: {exc}") from None
     if chunks == 0:
         raise _invalid("base_id", "the base has no indexed chunks to draw items from")
