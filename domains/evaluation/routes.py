@@ -106,8 +106,8 @@ async def create_dataset(body: DatasetIn, caller: Caller, svc: Svc) -> Any:
         chunks = await store.chunk_count(conn, body.base_id)
     try:
         per_chunk = load_generator(EvaluationSettings().generator).per_chunk
-    except ValueError as exc:  # DTASK_EVAL_GENERATOR names nothing usable
-        raise HTTPException(503, f"DTASK_EVAL_GENERATOR: {exc}") from None
+    except ValueError as exc:  # a DTASK_EVAL_* setting is out of range, or names nothing usable
+        raise HTTPException(503, str(exc)[:500]) from None
     if chunks == 0:
         raise _invalid("base_id", "the base has no indexed chunks to draw items from")
     if body.size > capacity(chunks, per_chunk):
