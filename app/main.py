@@ -19,6 +19,7 @@ from app import routes_health, routes_tasks, routes_types, ui
 from app.auth import Guard, KeyRing
 from app.cache import TtlCache
 from app.metrics import MetricsCache
+from domains.evaluation import routes as evaluation_routes
 from domains.graph import routes as graph_routes
 from domains.knowledge import routes as knowledge_routes
 from tasks_core.db import check_schema, is_transient
@@ -110,6 +111,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     ui.install(app, settings)  # the dashboard at /ui (signs in by cookie, hence OWN_AUTH_PREFIXES)
     app.include_router(routes_health.router)
     knowledge_routes.install(app)  # /knowledge routes, 503 for unreachable stores, readiness facts
+    app.include_router(evaluation_routes.router)
     app.include_router(graph_routes.router)
     # Authenticate before reading any body; a batch may carry up to 1,000 payloads (each also
     # checked against its own limit).

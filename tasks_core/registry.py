@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 DOMAIN_SPEC_MODULES: tuple[str, ...] = (
     "domains.diagnostics.tasks",
     "domains.knowledge.tasks",
+    "domains.evaluation.tasks",
     "domains.graph.tasks",
 )
 
