@@ -21,9 +21,9 @@ class BuildRef(BaseModel):
 
 
 class BuildOut(BaseModel):
-    id: UUID
-    base_id: str
-    status: BuildStatus
+    id: UUID = Field(description="The build")
+    base_id: str = Field(description="The knowledge base it was built from")
+    status: BuildStatus = Field(description="building until its task ends: built, failed or cancelled")
     task_id: UUID | None = Field(description="Its task (null once the task was pruned)")
     extractor: str | None = Field(description="The entity extractor it ran with")
     chunks_done: int = Field(description="Chunks counted so far (checkpointed per batch)")
@@ -31,18 +31,18 @@ class BuildOut(BaseModel):
     entity_count: int | None = Field(description="Entities in the graph (once built)")
     edge_count: int | None = Field(description="Edges in the graph (once built)")
     error_message: str | None = Field(description="Why it failed or was cancelled")
-    created_at: datetime
-    finished_at: datetime | None
+    created_at: datetime = Field(description="When it was requested (database clock)")
+    finished_at: datetime | None = Field(description="When its task ended (null: still building)")
 
 
 class GraphOut(BaseModel):
-    base_id: str
+    base_id: str = Field(description="The knowledge base")
     graph: BuildOut | None = Field(description="The build readers see: the newest built one (null: none yet)")
     latest: BuildOut | None = Field(description="The newest build of any status (null: never built)")
 
 
 class Entity(BaseModel):
-    name: str
+    name: str = Field(description="The entity as extracted")
     mentions: int = Field(description="Occurrences in all chunks")
     chunks: int = Field(description="Chunks it occurs in")
 
@@ -54,16 +54,16 @@ class EntityPage(BaseModel):
 
 
 class Neighbor(BaseModel):
-    name: str
+    name: str = Field(description="The neighbouring entity")
     weight: int = Field(description="Chunks it shares with the entity")
     mentions: int = Field(description="Its own occurrences in all chunks")
 
 
 class NeighborsOut(BaseModel):
-    build_id: UUID
-    entity: Entity
+    build_id: UUID = Field(description="The build the answer comes from")
+    entity: Entity = Field(description="The entity asked about")
     neighbors: list[Neighbor] = Field(description="Heaviest edge first, then by name")
 
 
 class GraphError(BaseModel):
-    detail: str
+    detail: str = Field(description="What was wrong, in one sentence")
