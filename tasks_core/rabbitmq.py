@@ -29,12 +29,6 @@ def is_amqp(url: str) -> bool:
     return url.split("://", 1)[0] in AMQP_SCHEMES
 
 
-def vhost_of(url: str) -> str:
-    """The vhost a broker URL names (kombu's rule: no path or "/" is the default vhost "/")."""
-    path = urlsplit(url).path
-    return unquote(path[1:]) if len(path) > 1 else "/"
-
-
 def _ctl(*args: str) -> str:
     exe = shutil.which("rabbitmqctl")
     if exe is None:
