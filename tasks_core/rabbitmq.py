@@ -29,6 +29,15 @@ def is_amqp(url: str) -> bool:
     return url.split("://", 1)[0] in AMQP_SCHEMES
 
 
+def masked(url: str) -> str:
+    """A broker URL without its password (for replay lines and result files)."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def _ctl(*args: str) -> str:
     exe = shutil.which("rabbitmqctl")
     if exe is None:

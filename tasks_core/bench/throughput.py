@@ -25,7 +25,6 @@ import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from sqlalchemy import text
 
@@ -45,6 +44,7 @@ from tasks_core.bench.common import (
 )
 from tasks_core.bench.report import Document, Rounds, alternate, ratio
 from tasks_core.metrics import METRICS_KEY, parse_field
+from tasks_core.rabbitmq import masked
 
 NOOP = "diagnostics.noop"
 
@@ -92,14 +92,14 @@ async def _run(opts: ThroughputOptions) -> dict[str, Any]:
     for c in clients if exe else ():
         variants[f"pgbench-c{c}"] = f"pgbench: insert + claim update + terminal update, {c} client(s)"
     options = {**public_options(opts), "pgbench_clients": list(clients), "pgbench": exe}
-    options["broker"] = None if opts.broker is None else _masked(opts.broker)
+    options["broker"] = None if opts.broker is None else masked(opts.broker)
     doc = Document("throughput", options, quick=opts.quick)
     rounds = Rounds(variants)
     async with BenchEnv("throughput", opts) as env:
-        doc.settings["broker"] = {"kind": "redis", "url": _masked(env.broker)}
+        doc.settings["broker"] = {"kind": "redis", "url": masked(env.broker)}
         if opts.broker is not None:
             vhost = await env.use_rabbitmq(opts.broker)
-            doc.settings["broker"] = {"kind": "rabbitmq", "url": _masked(opts.broker), "vhost": vhost}
+            doc.settings["broker"] = {"kind": "rabbitmq", "url": masked(opts.broker), "vhost": vhost}
         db_url = await env.create_database("throughput")
         services = durable_services(env, db_url)
         try:
@@ -215,14 +215,6 @@ def _worker_metrics(env: BenchEnv) -> dict[str, Any]:
         elif name == "dtask_published" and labels.get("by") == "relay":
             out["relayed"] = out.get("relayed", 0) + float(value)
     return out
-
-
-def _masked(url: str) -> str:
-    parts = urlsplit(url)
-    if not parts.password:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _finish(

@@ -41,7 +41,6 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from sqlalchemy import text
 
@@ -60,7 +59,7 @@ from tasks_core.chaos.checker import (
 )
 from tasks_core.lease import MAX_BACKOFF
 from tasks_core.rabbitmq import DEFAULT_URL as DEFAULT_RABBITMQ_URL
-from tasks_core.rabbitmq import PrivateVhost
+from tasks_core.rabbitmq import PrivateVhost, masked
 from tasks_core.readiness import READINESS_KEY
 
 DEFAULT_ADMIN_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
@@ -118,7 +117,7 @@ class CampaignConfig:
         defaults = CampaignConfig(seed=self.seed)
         parts = [f"dtask chaos --seed {self.seed}"] + (["--own-postgres"] if self.own_postgres else [])
         if self.broker != "redis":
-            parts.append(f"--broker {_masked(self.broker)}")
+            parts.append(f"--broker {masked(self.broker)}")
         for name, flag in (("workers", "--workers"), ("tasks", "--tasks"), ("fault_seconds", "--duration"),
                            ("capacity", "--capacity"), ("concurrency", "--concurrency"),
                            ("lease_seconds", "--lease"), ("reconcile_seconds", "--reconcile"),
@@ -162,7 +161,7 @@ class CampaignResult:
         cfg: dict[str, Any] = asdict(self.config)
         cfg["workdir"] = None if self.config.workdir is None else str(self.config.workdir)
         cfg.pop("admin_url", None)  # may carry a password
-        cfg["broker"] = _masked(self.config.broker)
+        cfg["broker"] = masked(self.config.broker)
         return {
             "seed": self.config.seed,
             "replay": self.config.replay_command(),
@@ -1089,15 +1088,6 @@ def _celery_app(broker_url: str) -> Any:
     settings = importlib.import_module("celeryconfig").broker_settings(broker_url)
     app.conf.update(settings, beat_schedule={})
     return app
-
-
-def _masked(url: str) -> str:
-    """A broker URL without its password (it goes into replay lines and result files)."""
-    parts = urlsplit(url)
-    if not parts.password:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 async def run_campaign(cfg: CampaignConfig, out: Callable[[str], None] = print) -> CampaignResult:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks_core.rabbitmq import PrivateVhost, RabbitMQError, is_amqp
+from tasks_core.rabbitmq import PrivateVhost, RabbitMQError, is_amqp, masked
 
 
 def test_the_vhost_url_keeps_the_user_and_server_and_names_a_fresh_vhost() -> None:
@@ -30,3 +30,8 @@ def test_other_brokers_and_other_hosts_are_refused(url: str, message: str) -> No
 def test_amqp_schemes() -> None:
     assert is_amqp("amqp://h") and is_amqp("amqps://h") and is_amqp("pyamqp://h")
     assert not is_amqp("redis://h") and not is_amqp("rabbitmq")
+
+
+def test_masked_hides_only_the_password() -> None:
+    assert masked("amqp://me:secret@127.0.0.1:5672/v") == "amqp://me:***@127.0.0.1:5672/v"
+    assert masked("redis://127.0.0.1:6379/11") == "redis://127.0.0.1:6379/11"
