@@ -79,6 +79,9 @@ def throughput(
     pgbench_seconds: Annotated[float | None, _opt("pgbench -T per round (default 5)", 1)] = None,
     pgbench_clients: Annotated[list[int] | None, typer.Option(
         "--pgbench-clients", help="pgbench -c, repeatable (default 1 and the concurrency)")] = None,
+    broker: Annotated[str | None, typer.Option(
+        help="amqp://user:password@127.0.0.1:5672/ : carry the messages through a vhost of the run's own "
+             "on this RabbitMQ (default: the run's Redis DB)")] = None,
     quick: Quick = False, rounds: Rounds = None, out: Out = None, admin_url: AdminUrl = None,
     redis_url: RedisUrl = None, redis_db: RedisDb = None, flush_redis: FlushRedis = False,
 ) -> None:
@@ -93,7 +96,7 @@ def throughput(
         tasks=tasks, warmup=warmup, concurrency=concurrency, capacity=capacity,
         pgbench_seconds=pgbench_seconds, pgbench_clients=tuple(pgbench_clients) if pgbench_clients else None,
         rounds=rounds, admin_url=admin_url, redis_url=redis_url, redis_db=redis_db,
-        flush_redis=flush_redis or None,
+        flush_redis=flush_redis or None, broker=broker,
     ))
 
 
