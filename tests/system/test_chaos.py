@@ -91,13 +91,15 @@ async def test_seeded_fault_campaign_keeps_every_invariant() -> None:
 # campaign above covers it.
 RABBITMQ_FAULT_SECONDS = 15.0
 RABBITMQ_TASKS = 40
+RABBITMQ_SEED = 41
 
 
 @pytest.mark.timeout(300)
 async def test_bounded_campaign_on_rabbitmq_keeps_every_invariant() -> None:
     if shutil.which("rabbitmqctl") is None:
         pytest.skip("rabbitmqctl not found: RabbitMQ is not installed here")
-    seed = int(os.environ.get("DTASK_CHAOS_SEED") or random.SystemRandom().randrange(1, 2**31))
+    # A fixed seed: CI replays one schedule known to fire the vhost outage (DTASK_CHAOS_SEED: another).
+    seed = int(os.environ.get("DTASK_CHAOS_SEED") or RABBITMQ_SEED)
     cfg = CampaignConfig(
         seed=seed, workers=2, tasks=RABBITMQ_TASKS, fault_seconds=RABBITMQ_FAULT_SECONDS,
         broker="rabbitmq", exclude=(F.PAUSE_CLAIMER,),
@@ -115,9 +117,10 @@ async def test_bounded_campaign_on_rabbitmq_keeps_every_invariant() -> None:
     # one owner pause may fit, and whether its late write reaches the database is chance; the Redis
     # campaign requires it.)
     assert report.counts() == {**{f"I{i}": 0 for i in range(1, 8)}, "restart": 0}, context
-    # The vhost really went away under the cluster, and the cluster came back on its own.
+    # The vhost really went away under the cluster, and the cluster came back on its own. (An owner
+    # pause is skipped when no worker owns a task at its moment: timing, not the broker, decides.)
     done = {e["kind"] for e in result.faults if not e["detail"].startswith(("skipped", "ERROR"))}
-    expected = {F.RABBITMQ, "rabbitmq_restore", "rabbitmq_recovered", F.PAUSE, "worker_resume", F.DUPLICATE}
+    expected = {F.RABBITMQ, "rabbitmq_restore", "rabbitmq_recovered", F.DUPLICATE}
     assert expected <= done, f"faults that never happened: {expected - done}\n{context}"
     assert F.REDIS not in done, context  # the machine's broker fault replaces the Redis restart
     assert not any("NOT" in e["detail"] for e in result.faults), context
