@@ -131,6 +131,34 @@ async def list_items(conn: AsyncConnection, dataset_id: str, after: int, limit: 
     )
 
 
+async def list_datasets(conn: AsyncConnection, owner: str | None, limit: int) -> list[Row]:
+    """The newest datasets (of ``owner``; None: everyone's), with their base's name, their task's
+    status and how many runs they have: the dashboard's list."""
+    return await _all(
+        conn,
+        """SELECT d.id, d.owner, d.base_id, b.name AS base_name, d.target, d.item_count, d.status,
+                  d.error_message, d.task_id, t.status AS task_status, d.generator, d.created_at,
+                  d.updated_at, (SELECT count(*) FROM evaluation_runs r WHERE r.dataset_id = d.id) AS runs
+        FROM evaluation_datasets d JOIN knowledge_bases b ON b.id = d.base_id
+        LEFT JOIN tasks t ON t.id = d.task_id
+        WHERE CAST(:owner AS text) IS NULL OR d.owner = :owner
+        ORDER BY d.created_at DESC, d.id DESC LIMIT :limit""",
+        owner=owner,
+        limit=limit,
+    )
+
+
+async def dataset_counts(conn: AsyncConnection, owner: str | None) -> dict[str, int]:
+    """Datasets by status (of ``owner``; None: everyone's)."""
+    rows = await _all(
+        conn,
+        """SELECT status, count(*) AS n FROM evaluation_datasets
+        WHERE CAST(:owner AS text) IS NULL OR owner = :owner GROUP BY status""",
+        owner=owner,
+    )
+    return {r["status"]: int(r["n"]) for r in rows}
+
+
 # -- by the generating task
 
 
@@ -245,6 +273,38 @@ async def insert_run(conn: AsyncConnection, run: Row) -> Row:
 
 async def get_run(conn: AsyncConnection, run_id: str) -> Row | None:
     return await _one(conn, "SELECT * FROM evaluation_runs WHERE id = :id", id=run_id)
+
+
+async def list_runs(
+    conn: AsyncConnection, owner: str | None, limit: int, dataset_id: str | None = None
+) -> list[Row]:
+    """The newest runs (of ``owner``; None: everyone's; of one dataset if given), with their base's
+    name and their task's status: the dashboard's lists."""
+    return await _all(
+        conn,
+        """SELECT r.id, r.owner, r.dataset_id, r.base_id, b.name AS base_name, r.top_k, r.status,
+                  r.items_total, r.items_done, r.metrics, r.error_message, r.task_id,
+                  t.status AS task_status, r.created_at, r.updated_at
+        FROM evaluation_runs r JOIN knowledge_bases b ON b.id = r.base_id
+        LEFT JOIN tasks t ON t.id = r.task_id
+        WHERE (CAST(:owner AS text) IS NULL OR r.owner = :owner)
+          AND (CAST(:ds AS text) IS NULL OR r.dataset_id = :ds)
+        ORDER BY r.created_at DESC, r.id DESC LIMIT :limit""",
+        owner=owner,
+        ds=dataset_id,
+        limit=limit,
+    )
+
+
+async def run_counts(conn: AsyncConnection, owner: str | None) -> dict[str, int]:
+    """Runs by status (of ``owner``; None: everyone's)."""
+    rows = await _all(
+        conn,
+        """SELECT status, count(*) AS n FROM evaluation_runs
+        WHERE CAST(:owner AS text) IS NULL OR owner = :owner GROUP BY status""",
+        owner=owner,
+    )
+    return {r["status"]: int(r["n"]) for r in rows}
 
 
 async def list_run_items(conn: AsyncConnection, run_id: str, after: int, limit: int) -> list[Row]:
