@@ -107,7 +107,7 @@ async def _dataset_live(svc: Services, viewer: Viewer, dataset_id: str) -> dict[
         "viewer": viewer,
         "d": dataset,
         "task_status": await _task_status(svc, dataset),
-        "resumable": dataset["status"] in STOPPED and not dataset["task_active"],
+        "resumable": dataset["status"] in STOPPED,  # its terminal hook ended it: no task is active
         "now": await db_now(svc),
     }
 
