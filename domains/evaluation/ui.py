@@ -30,7 +30,7 @@ from tasks_core.submission import InvalidTask
 PREFIX = "/ui/evaluation"
 PAGE_SIZES = (25, 50, 100, 200)
 DEFAULT_PAGE_SIZE = 50
-LIST_LIMIT = 200  # newest datasets and runs on the list page
+LIST_LIMIT = 200  # newest runs on a dataset's page
 ID = re.compile(r"[0-9a-f]{32}")
 STOPPED = (FAILED, CANCELLED)  # a dataset that may be resumed
 # Notices after the resume form, by code: fixed words, nothing from the request is reflected.
@@ -64,6 +64,45 @@ def paging(cursor: Annotated[str, Query(max_length=12)] = "", limit: int = DEFAU
 
 
 Pages = Annotated[Paging, Depends(paging)]
+
+
+@dataclass(frozen=True)
+class ListFilters:
+    """A keyset page of the datasets or runs list, newest first, optionally of one status."""
+
+    status: str | None = None
+    cursor: str | None = None
+    limit: int = DEFAULT_PAGE_SIZE
+
+    def query(self, **changes: Any) -> str:
+        f = replace(self, **changes)
+        params = {"status": f.status, "cursor": f.cursor}
+        params["limit"] = None if f.limit == DEFAULT_PAGE_SIZE else str(f.limit)
+        return urlencode({k: v for k, v in params.items() if v})
+
+
+def _list_filters(statuses: tuple[str, ...], status: str, cursor: str, limit: int) -> ListFilters:
+    if status and status not in statuses:
+        raise UiError(400, "Unknown status.")
+    if not re.fullmatch(r"[A-Za-z0-9_-]*", cursor):
+        raise UiError(400, "That page link is not valid; start again from the newest.")
+    return ListFilters(status or None, cursor or None, limit if limit in PAGE_SIZES else DEFAULT_PAGE_SIZE)
+
+
+def dataset_filters(
+    status: str = "", cursor: Annotated[str, Query(max_length=500)] = "", limit: int = DEFAULT_PAGE_SIZE
+) -> ListFilters:
+    return _list_filters(DATASET_STATUSES, status, cursor, limit)
+
+
+def run_filters(
+    status: str = "", cursor: Annotated[str, Query(max_length=500)] = "", limit: int = DEFAULT_PAGE_SIZE
+) -> ListFilters:
+    return _list_filters(RUN_STATUSES, status, cursor, limit)
+
+
+DatasetFilters = Annotated[ListFilters, Depends(dataset_filters)]
+RunFilters = Annotated[ListFilters, Depends(run_filters)]
 
 
 def _svc(request: Request) -> Services:
@@ -128,21 +167,70 @@ def _next(rows: list[dict[str, Any]], p: Paging) -> tuple[list[dict[str, Any]], 
     return page, (page[-1]["seq"] if len(rows) > p.limit else None)
 
 
-@router.get("")
-async def overview(request: Request, viewer: Signed) -> Response:
-    svc = _svc(request)
+async def _datasets(svc: Services, viewer: Viewer, f: ListFilters) -> dict[str, Any]:
     owner = viewer.principal.owner_filter()
     async with svc.engine.connect() as conn:
-        context = {
-            "viewer": viewer,
-            "datasets": await store.list_datasets(conn, owner, LIST_LIMIT),
-            "dataset_counts": await store.dataset_counts(conn, owner),
-            "runs": await store.list_runs(conn, owner, LIST_LIMIT),
-            "run_counts": await store.run_counts(conn, owner),
-            "dataset_statuses": DATASET_STATUSES,
-            "run_statuses": RUN_STATUSES,
-        }
-    return render(request, "evaluation/overview.html", context)
+        counts = await store.dataset_counts(conn, owner)
+        try:
+            rows, next_cursor = await store.list_datasets(
+                conn, owner, status=f.status, limit=f.limit, cursor=f.cursor
+            )
+        except ValueError:  # a cursor we did not make
+            raise UiError(400, "That page link is not valid; start again from the newest.") from None
+    return {
+        "viewer": viewer,
+        "datasets": rows,
+        "counts": counts,
+        "total": sum(counts.values()),
+        "next_cursor": next_cursor,
+        "filters": f,
+    }
+
+
+async def _runs(svc: Services, viewer: Viewer, f: ListFilters) -> dict[str, Any]:
+    owner = viewer.principal.owner_filter()
+    async with svc.engine.connect() as conn:
+        counts = await store.run_counts(conn, owner)
+        try:
+            rows, next_cursor = await store.list_runs(
+                conn, owner, status=f.status, limit=f.limit, cursor=f.cursor
+            )
+        except ValueError:
+            raise UiError(400, "That page link is not valid; start again from the newest.") from None
+    return {
+        "viewer": viewer,
+        "runs": rows,
+        "counts": counts,
+        "total": sum(counts.values()),
+        "next_cursor": next_cursor,
+        "filters": f,
+    }
+
+
+@router.get("")
+async def datasets(request: Request, viewer: Signed, f: DatasetFilters) -> Response:
+    context = await _datasets(_svc(request), viewer, f)
+    context.update(statuses=DATASET_STATUSES, page_sizes=PAGE_SIZES)
+    return render(request, "evaluation/datasets.html", context)
+
+
+@router.get("/fragments/datasets")
+async def datasets_table(request: Request, viewer: Signed, f: DatasetFilters) -> Response:
+    """The datasets table alone: what the datasets page polls every 2 s."""
+    return render(request, "evaluation/_datasets_table.html", await _datasets(_svc(request), viewer, f))
+
+
+@router.get("/runs")
+async def runs(request: Request, viewer: Signed, f: RunFilters) -> Response:
+    context = await _runs(_svc(request), viewer, f)
+    context.update(statuses=RUN_STATUSES, page_sizes=PAGE_SIZES)
+    return render(request, "evaluation/runs.html", context)
+
+
+@router.get("/fragments/runs")
+async def runs_table(request: Request, viewer: Signed, f: RunFilters) -> Response:
+    """The runs table alone: what the runs page polls every 2 s."""
+    return render(request, "evaluation/_runs_list.html", await _runs(_svc(request), viewer, f))
 
 
 @router.get("/datasets/{dataset_id}")
@@ -154,7 +242,9 @@ async def dataset_page(
     async with svc.engine.connect() as conn:
         base = await catalog.get_base(conn, live["d"]["base_id"])
         rows = await store.list_items(conn, dataset_id, -1 if p.after is None else p.after, p.limit + 1)
-        runs = await store.list_runs(conn, viewer.principal.owner_filter(), LIST_LIMIT, dataset_id=dataset_id)
+        runs, more_runs = await store.list_runs(
+            conn, viewer.principal.owner_filter(), limit=LIST_LIMIT, dataset_id=dataset_id
+        )
     items, next_cursor = _next(rows, p)
     context = {
         **live,
@@ -164,6 +254,7 @@ async def dataset_page(
         "paging": p,
         "page_sizes": PAGE_SIZES,
         "runs": runs,
+        "more_runs": more_runs is not None,
         "notice": NOTICES.get(notice or ""),
     }
     return render(request, "evaluation/dataset.html", context)

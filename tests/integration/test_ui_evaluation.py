@@ -96,6 +96,9 @@ async def test_every_evaluation_page_needs_a_session(browser: Any) -> None:
     some = "0" * 32
     for path in (
         "/ui/evaluation",
+        "/ui/evaluation/runs",
+        "/ui/evaluation/fragments/datasets",
+        "/ui/evaluation/fragments/runs",
         f"/ui/evaluation/datasets/{some}",
         f"/ui/evaluation/datasets/{some}/live",
         f"/ui/evaluation/runs/{some}",
@@ -135,7 +138,10 @@ async def test_datasets_and_runs_show_their_states_metrics_and_tasks(svc: Any, b
     assert truth[s["datasets"]["failed"][0]]["error_message"] in failed_html  # why it stopped
     assert "RuntimeError: boom" in failed_html
 
-    runs, run_truth = shown(RUN_ROW, page), await table(svc, "evaluation_runs")
+    runs_page = await alice.get("/ui/evaluation/runs")
+    assert '<a href="/ui/evaluation" aria-current="page">Evaluation</a>' in runs_page.text
+    assert 'hx-get="/ui/evaluation/fragments/runs?"' in runs_page.text  # the table refreshes itself
+    runs, run_truth = shown(RUN_ROW, runs_page), await table(svc, "evaluation_runs")
     assert set(runs) == {r for r, _ in s["runs"].values()}
     done_id, done_task = s["runs"]["completed"]
     status, html = runs[done_id]
@@ -176,7 +182,8 @@ async def test_another_key_sees_none_of_it_and_admin_sees_all(svc: Any, browser:
     s = await seeded(svc)
     bob = await browser("bob")
     listing = await bob.get("/ui/evaluation")
-    assert set(shown(DATASET_ROW, listing)) == {s["bob"]} and not shown(RUN_ROW, listing)
+    assert set(shown(DATASET_ROW, listing)) == {s["bob"]}
+    assert not shown(RUN_ROW, await bob.get("/ui/evaluation/runs"))
     assert "manuals" not in listing.text and "<th>Owner</th>" not in listing.text
     failed_id, _ = s["datasets"]["failed"]
     for path in (
@@ -199,7 +206,8 @@ async def test_another_key_sees_none_of_it_and_admin_sees_all(svc: Any, browser:
 
     root = await browser("root")
     everything = await root.get("/ui/evaluation")
-    assert len(shown(DATASET_ROW, everything)) == 4 and len(shown(RUN_ROW, everything)) == 2
+    assert len(shown(DATASET_ROW, everything)) == 4
+    assert len(shown(RUN_ROW, await root.get("/ui/evaluation/runs"))) == 2
     assert "<th>Owner</th>" in everything.text and "<td>bob</td>" in everything.text
     page = await root.get(f"/ui/evaluation/datasets/{failed_id}")
     assert page.status_code == 200 and "<dt>Owner</dt><dd>alice</dd>" in page.text
@@ -246,6 +254,58 @@ async def test_items_and_outcomes_are_paged_in_order(svc: Any, browser: Any) -> 
         assert len(pattern.findall((await alice.get(f"{path}?cursor=100")).text)) == 19
         for bad in ("cursor=-1", "cursor=%3Cx%3E", "cursor=1e3"):
             assert (await alice.get(f"{path}?{bad}")).status_code == 400, bad
+
+
+async def test_dataset_and_run_lists_are_paged_newest_first(svc: Any, browser: Any) -> None:
+    base = await new_base(svc, "alice", "big")
+    dataset_id, _ = await completed_dataset(svc, base, "alice", 1)
+    async with svc.engine.begin() as conn:  # 119 more of each, every other one failed
+        await conn.execute(
+            text(
+                """INSERT INTO evaluation_datasets (id, owner, base_id, target, status, created_at)
+                SELECT md5('d' || i), 'alice', :kb, 5, (ARRAY['generating', 'failed'])[1 + i % 2],
+                       clock_timestamp() - make_interval(secs => i)
+                FROM generate_series(1, 119) AS i"""
+            ),
+            {"kb": base},
+        )
+        await conn.execute(
+            text(
+                """INSERT INTO evaluation_runs (id, owner, dataset_id, base_id, top_k, status, items_total,
+                     created_at)
+                SELECT md5('r' || i), 'alice', :ds, :kb, 5, (ARRAY['running', 'failed'])[1 + i % 2], 1,
+                       clock_timestamp() - make_interval(secs => i)
+                FROM generate_series(1, 120) AS i"""
+            ),
+            {"kb": base, "ds": dataset_id},
+        )
+    alice = await browser("alice")
+    for path, pattern, name in (
+        ("/ui/evaluation", DATASET_ROW, "evaluation_datasets"),
+        ("/ui/evaluation/runs", RUN_ROW, "evaluation_runs"),
+    ):
+        seen: list[str] = []
+        query, pages = "", 0
+        while True:
+            page = await alice.get(f"{path}?{query}")
+            assert page.status_code == 200
+            seen += list(shown(pattern, page))
+            pages += 1
+            older = re.search(r'href="' + path + r'\?([^"]*)" rel="next"', page.text)
+            if older is None:
+                break
+            query = older[1].replace("&amp;", "&")
+        assert pages == 3 and len(seen) == len(set(seen)) == 120, path
+        async with svc.engine.connect() as conn:
+            newest_first = await conn.execute(
+                text(f"SELECT id FROM {name} ORDER BY created_at DESC, id DESC")
+            )
+            assert seen == [r[0] for r in newest_first], path
+        failed = shown(pattern, await alice.get(f"{path}?status=failed&limit=200"))
+        truth = {i for i, r in (await table(svc, name)).items() if r["status"] == "failed"}
+        assert set(failed) == truth and {st for st, _ in failed.values()} == {"failed"}, path
+        for bad in ("status=exploded", "cursor=not-a-cursor", "cursor=%3Cx%3E"):
+            assert (await alice.get(f"{path}?{bad}")).status_code == 400, (path, bad)
 
 
 async def test_resume_form_needs_its_token_and_hands_the_dataset_to_one_new_task(
@@ -336,9 +396,11 @@ async def test_hundreds_of_datasets_and_runs_render(svc: Any, browser: Any, reco
         return statistics.median(took) * 1000, r
 
     figures = {}
-    figures["overview (200 + 200 newest of 301 + 301)"], listing = await timed("/ui/evaluation")
-    assert len(shown(DATASET_ROW, listing)) == 200 and len(shown(RUN_ROW, listing)) == 200
-    assert "<b>301</b> datasets" in listing.text and "<b>301</b> runs" in listing.text
+    figures["datasets page, 200 newest of 301"], listing = await timed("/ui/evaluation?limit=200")
+    assert len(shown(DATASET_ROW, listing)) == 200 and "<b>301</b> datasets" in listing.text
+    figures["datasets fragment (the 2 s poll), 50"], _ = await timed("/ui/evaluation/fragments/datasets")
+    figures["runs page, 200 newest of 301"], listing = await timed("/ui/evaluation/runs?limit=200")
+    assert len(shown(RUN_ROW, listing)) == 200 and "<b>301</b> runs" in listing.text
     figures["dataset page (200 runs, 50 items)"], ds = await timed(f"/ui/evaluation/datasets/{dataset_id}")
     assert len(ITEM.findall(ds.text)) == 50
     figures["dataset page, 200 items from #300"], ds = await timed(
