@@ -58,7 +58,7 @@ class Paging:
 
 
 def paging(cursor: Annotated[str, Query(max_length=12)] = "", limit: int = DEFAULT_PAGE_SIZE) -> Paging:
-    if not re.fullmatch(r"[0-9]*", cursor):
+    if not re.fullmatch(r"[0-9]{0,9}", cursor):  # a position (an int4 column)
         raise UiError(400, "That page link is not valid; start again from the first item.")
     return Paging(int(cursor) if cursor else None, limit if limit in PAGE_SIZES else DEFAULT_PAGE_SIZE)
 
