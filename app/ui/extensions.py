@@ -20,7 +20,11 @@ from starlette.routing import BaseRoute
 from tasks_core.registry import import_path
 
 # "module:attribute" of each domain's UiExtension, imported when the api starts.
-EXTENSION_MODULES: tuple[str, ...] = ("domains.knowledge.ui:UI",)
+EXTENSION_MODULES: tuple[str, ...] = (
+    "domains.knowledge.ui:UI",
+    "domains.evaluation.ui:UI",
+    "domains.graph.ui:UI",
+)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ A key sees only its own datasets, runs and bases (an admin key sees all); anythi
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
@@ -168,24 +169,45 @@ async def resume_dataset(dataset_id: DatasetId, caller: Caller, svc: Svc) -> Any
     async with svc.engine.connect() as conn:
         owner = _visible(await store.get_dataset(conn, dataset_id), caller, "dataset")["owner"]
     try:
-        async with Submitter(svc).transaction(owner=owner) as tx:
-            # Locked: concurrent resumes queue here, and the later ones find the first one's task.
-            row = await store.get_dataset(tx.conn, dataset_id, lock=True)
-            if row is None:
-                raise HTTPException(404, "no such dataset")  # deleted meanwhile
-            if row["status"] == COMPLETED:
-                return _conflict(f"the dataset is already complete ({row['item_count']} items)", None)
-            if row["task_active"]:
-                return _conflict("a generation of this dataset is active", row["task_id"])
-            submitted = await tx.add(
-                TaskIntent(GENERATE, {"dataset_id": dataset_id}, dedupe_key=f"dataset:{dataset_id}")
-            )
-            if submitted.duplicate_of is not None:
-                return _conflict("a generation of this dataset is active", submitted.duplicate_of)
-            await store.resume_dataset(tx.conn, dataset_id, submitted.task_id)
+        outcome = await resume(svc, dataset_id, owner)
     except InvalidTask as exc:
         raise _refused(exc) from None
-    return {"id": dataset_id, "task_id": submitted.task_id, "status": GENERATING}
+    if outcome.gone:
+        raise HTTPException(404, "no such dataset")  # deleted meanwhile
+    if outcome.complete is not None:
+        return _conflict(f"the dataset is already complete ({outcome.complete} items)", None)
+    if outcome.task_id is None:
+        return _conflict("a generation of this dataset is active", outcome.active)
+    return {"id": dataset_id, "task_id": outcome.task_id, "status": GENERATING}
+
+
+@dataclass(frozen=True)
+class DatasetResume:
+    task_id: uuid.UUID | None = None  # the new generating task
+    active: uuid.UUID | None = None  # the generation already active (no new task)
+    complete: int | None = None  # already completed, with this many items (no new task)
+    gone: bool = False  # deleted meanwhile
+
+
+async def resume(svc: Services, dataset_id: str, owner: str) -> DatasetResume:
+    """Hand a failed or cancelled dataset to a new generating task, one at a time. Raises
+    InvalidTask when the owner's quota refuses it. The API and the dashboard both use it."""
+    async with Submitter(svc).transaction(owner=owner) as tx:
+        # Locked: concurrent resumes queue here, and the later ones find the first one's task.
+        row = await store.get_dataset(tx.conn, dataset_id, lock=True)
+        if row is None:
+            return DatasetResume(gone=True)
+        if row["status"] == COMPLETED:
+            return DatasetResume(complete=row["item_count"])
+        if row["task_active"]:
+            return DatasetResume(active=row["task_id"])
+        submitted = await tx.add(
+            TaskIntent(GENERATE, {"dataset_id": dataset_id}, dedupe_key=f"dataset:{dataset_id}")
+        )
+        if submitted.duplicate_of is not None:
+            return DatasetResume(active=submitted.duplicate_of)
+        await store.resume_dataset(tx.conn, dataset_id, submitted.task_id)
+    return DatasetResume(task_id=submitted.task_id)
 
 
 # ------------------------------------------------------------------------------------------------ runs

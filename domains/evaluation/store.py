@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from domains.evaluation.generation import Chunk
 from domains.evaluation.model import CANCELLED, COMPLETED, FAILED, GENERATING, RUNNING
+from domains.knowledge.catalog import decode_cursor, encode_cursor
 
 Row = dict[str, Any]
 NOW = "clock_timestamp()"
@@ -129,6 +130,49 @@ async def list_items(conn: AsyncConnection, dataset_id: str, after: int, limit: 
         after=after,
         limit=limit,
     )
+
+
+async def list_datasets(
+    conn: AsyncConnection, owner: str | None, *, status: str | None, limit: int, cursor: str | None
+) -> tuple[list[Row], str | None]:
+    """Datasets (of ``owner``; None: everyone's) newest first, keyset-paged on (created_at, id) with
+    the knowledge catalog's cursors, with their base's name, their task's status and how many runs
+    they have: the dashboard's list. A cursor we did not make raises ValueError."""
+    at, after = decode_cursor(cursor) if cursor else (None, "")
+    rows = await _all(
+        conn,
+        """SELECT d.id, d.owner, d.base_id, b.name AS base_name, d.target, d.item_count, d.status,
+                  d.error_message, d.task_id, t.status AS task_status, d.generator, d.created_at,
+                  d.updated_at, (SELECT count(*) FROM evaluation_runs r WHERE r.dataset_id = d.id) AS runs
+        FROM evaluation_datasets d JOIN knowledge_bases b ON b.id = d.base_id
+        LEFT JOIN tasks t ON t.id = d.task_id
+        WHERE (CAST(:owner AS text) IS NULL OR d.owner = :owner)
+          AND (CAST(:status AS text) IS NULL OR d.status = :status)
+          AND (CAST(:at AS timestamptz) IS NULL OR (d.created_at, d.id) < (CAST(:at AS timestamptz), :after))
+        ORDER BY d.created_at DESC, d.id DESC LIMIT :limit""",
+        owner=owner,
+        status=status,
+        at=at,
+        after=after,
+        limit=limit + 1,
+    )
+    return _keyset(rows, limit)
+
+
+def _keyset(rows: list[Row], limit: int) -> tuple[list[Row], str | None]:
+    page = rows[:limit]
+    return page, encode_cursor(page[-1]["created_at"], page[-1]["id"]) if len(rows) > limit else None
+
+
+async def dataset_counts(conn: AsyncConnection, owner: str | None) -> dict[str, int]:
+    """Datasets by status (of ``owner``; None: everyone's)."""
+    rows = await _all(
+        conn,
+        """SELECT status, count(*) AS n FROM evaluation_datasets
+        WHERE CAST(:owner AS text) IS NULL OR owner = :owner GROUP BY status""",
+        owner=owner,
+    )
+    return {r["status"]: int(r["n"]) for r in rows}
 
 
 # -- by the generating task
@@ -245,6 +289,51 @@ async def insert_run(conn: AsyncConnection, run: Row) -> Row:
 
 async def get_run(conn: AsyncConnection, run_id: str) -> Row | None:
     return await _one(conn, "SELECT * FROM evaluation_runs WHERE id = :id", id=run_id)
+
+
+async def list_runs(
+    conn: AsyncConnection,
+    owner: str | None,
+    *,
+    status: str | None = None,
+    limit: int,
+    cursor: str | None = None,
+    dataset_id: str | None = None,
+) -> tuple[list[Row], str | None]:
+    """Runs (of ``owner``; None: everyone's; of one dataset if given) newest first, keyset-paged like
+    list_datasets, with their base's name and their task's status: the dashboard's lists."""
+    at, after = decode_cursor(cursor) if cursor else (None, "")
+    rows = await _all(
+        conn,
+        """SELECT r.id, r.owner, r.dataset_id, r.base_id, b.name AS base_name, r.top_k, r.status,
+                  r.items_total, r.items_done, r.metrics, r.error_message, r.task_id,
+                  t.status AS task_status, r.created_at, r.updated_at
+        FROM evaluation_runs r JOIN knowledge_bases b ON b.id = r.base_id
+        LEFT JOIN tasks t ON t.id = r.task_id
+        WHERE (CAST(:owner AS text) IS NULL OR r.owner = :owner)
+          AND (CAST(:ds AS text) IS NULL OR r.dataset_id = :ds)
+          AND (CAST(:status AS text) IS NULL OR r.status = :status)
+          AND (CAST(:at AS timestamptz) IS NULL OR (r.created_at, r.id) < (CAST(:at AS timestamptz), :after))
+        ORDER BY r.created_at DESC, r.id DESC LIMIT :limit""",
+        owner=owner,
+        ds=dataset_id,
+        status=status,
+        at=at,
+        after=after,
+        limit=limit + 1,
+    )
+    return _keyset(rows, limit)
+
+
+async def run_counts(conn: AsyncConnection, owner: str | None) -> dict[str, int]:
+    """Runs by status (of ``owner``; None: everyone's)."""
+    rows = await _all(
+        conn,
+        """SELECT status, count(*) AS n FROM evaluation_runs
+        WHERE CAST(:owner AS text) IS NULL OR owner = :owner GROUP BY status""",
+        owner=owner,
+    )
+    return {r["status"]: int(r["n"]) for r in rows}
 
 
 async def list_run_items(conn: AsyncConnection, run_id: str, after: int, limit: int) -> list[Row]:

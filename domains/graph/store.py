@@ -245,6 +245,19 @@ async def latest_build(conn: AsyncConnection, base_id: str, status: str | None =
     )
 
 
+async def latest_builds(conn: AsyncConnection, base_ids: list[str]) -> dict[str, Row]:
+    """Each base's newest build of any status, with its task's status: the dashboard's list."""
+    rows = await conn.execute(
+        text(
+            """SELECT DISTINCT ON (b.base_id) b.*, t.status AS task_status
+            FROM graph_builds b LEFT JOIN tasks t ON t.id = b.task_id WHERE b.base_id = ANY(:ids)
+            ORDER BY b.base_id, b.created_at DESC, b.id DESC"""
+        ),
+        {"ids": base_ids},
+    )
+    return {r["base_id"]: dict(r) for r in rows.mappings().all()}
+
+
 async def entities_page(
     conn: AsyncConnection, build_id: uuid.UUID, limit: int, after: tuple[int, str] | None
 ) -> list[Row]:

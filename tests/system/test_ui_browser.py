@@ -25,6 +25,7 @@ import pytest
 
 from tasks_core.embedded import free_port
 from tests.system.conftest import Cluster
+from tests.system.evaluation_pages import walk_evaluation_pages
 from tests.system.knowledge_pages import walk_knowledge_pages
 
 pytestmark = pytest.mark.system
@@ -238,6 +239,8 @@ async def test_dashboard_in_a_real_browser(
 
     # ---- the knowledge pages: files' states, live, linked to their tasks
     await walk_knowledge_pages(browser, api, ALICE, watch, shots)
+    # ---- the evaluation pages: a generating dataset followed to completed, live
+    await walk_evaluation_pages(browser, api, ALICE, watch, shots)
 
     # ---- signing out ends the session; a page open in another tab goes to sign-in by itself
     await page.goto(f"{api}/ui")
