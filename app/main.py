@@ -86,7 +86,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         own = services is None
         svc = services or build_services(
-            settings, pool_size=10, statement_seconds=settings.api_database_timeout_seconds
+            settings, pool_size=10, statement_seconds=settings.api_database_timeout_seconds,
+            pool_wait_seconds=settings.api_pool_wait_seconds,
         )
         if own:
             await check_schema(svc.engine)  # fail closed before serving anything

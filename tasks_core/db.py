@@ -93,12 +93,14 @@ def make_engine(
     connect_seconds: float = 5.0,
     pre_ping: bool = True,
     max_overflow: int = 5,
+    pool_wait_seconds: float | None = None,
 ) -> AsyncEngine:
     """An asyncpg engine whose every call has a deadline.
 
     ``statement_seconds`` bounds each statement on the client side (a paused or partitioned server
     never answers, so a server-side timeout would not fire); ``connect_seconds`` bounds a new
-    connection and the wait for a pooled one. ``idle_in_transaction_seconds`` lets PostgreSQL end a
+    connection and, unless ``pool_wait_seconds`` is given, the wait for a pooled one.
+    ``idle_in_transaction_seconds`` lets PostgreSQL end a
     session that sits inside a transaction that long: a paused or partitioned process must not keep
     holding a per-type claim lock or a task row (which would stall claims, or the reconciler,
     cluster-wide)."""
@@ -121,7 +123,7 @@ def make_engine(
         pool_size=pool_size,
         max_overflow=max_overflow,
         pool_pre_ping=pre_ping,
-        pool_timeout=connect_seconds,
+        pool_timeout=pool_wait_seconds or connect_seconds,
         connect_args=connect_args,
     )
 

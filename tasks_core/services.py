@@ -54,6 +54,7 @@ def build_services(
     statement_seconds: float | None = None,
     pre_ping: bool = True,
     max_overflow: int = 5,
+    pool_wait_seconds: float | None = None,
 ) -> Services:
     """The engine's statements get ``statement_seconds`` each (default: a lease — no statement of
     ours may outlast one: an owning transaction that long has lost its lease anyway)."""
@@ -70,6 +71,7 @@ def build_services(
         connect_seconds=min(5.0, deadline),
         pre_ping=pre_ping,
         max_overflow=max_overflow,
+        pool_wait_seconds=pool_wait_seconds,
     )
     return Services(
         settings=settings,

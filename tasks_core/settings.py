@@ -99,6 +99,11 @@ class Settings(BaseSettings):
     # Every database statement the api sends has this deadline (and so does a new connection): with
     # PostgreSQL paused or gone, each route answers 503 within about two seconds instead of hanging.
     api_database_timeout_seconds: float = Field(default=1.5, gt=0, allow_inf_nan=False)
+    # How long a request waits for one of the api's pooled connections when every one is busy (a
+    # burst of batch submissions, each holding one for its transaction) before it gets 503. Longer
+    # queues a burst instead of refusing it; shorter sheds load sooner. An outage is not waited
+    # out here: a connection to a stopped or paused server fails within the deadline above.
+    api_pool_wait_seconds: float = Field(default=5.0, gt=0, allow_inf_nan=False)
     # A publish to the broker gives up after this long (the task stays pending and says why; the
     # publisher re-sends it): a paused Redis must not hold a submission.
     publish_timeout_seconds: float = Field(default=1.5, gt=0, allow_inf_nan=False)

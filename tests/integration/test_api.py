@@ -3,6 +3,7 @@ httpx drives the ASGI app in this event loop)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import socket
@@ -356,6 +357,32 @@ async def test_metrics_exports_tasks_and_shared_counters(client: httpx.AsyncClie
     assert 'dtask_handler_seconds_bucket{le="1.0",task_type="diagnostics.noop"} 1.0' in text_
     age = next(line for line in text_.splitlines() if line.startswith("dtask_oldest_pending_age_seconds "))
     assert float(age.split()[1]) >= 89
+
+
+async def test_a_request_waits_for_a_briefly_busy_pool_instead_of_failing(clean_db: None) -> None:
+    """A burst (every pooled connection held for a while, as concurrent batches hold them) queues
+    for up to DTASK_API_POOL_WAIT_SECONDS; the api answers the request instead of a 503/500."""
+    settings = make_settings(api_keys=KEYS)
+    busy = build_services(  # as the api builds its own (app.main), with a pool of one
+        settings, pool_size=1, max_overflow=0, statement_seconds=settings.api_database_timeout_seconds,
+        pool_wait_seconds=settings.api_pool_wait_seconds,
+    )
+    app = create_app(services=busy)
+
+    async def hold_the_only_connection() -> None:
+        async with busy.engine.connect():
+            await asyncio.sleep(2.0)  # longer than the statement deadline, shorter than the wait
+
+    try:
+        holder = asyncio.create_task(hold_the_only_connection())
+        await asyncio.sleep(0.2)
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+        async with client:
+            r = await client.get(f"/tasks/{uuid.uuid4()}", headers=ALICE)
+        await holder
+        assert r.status_code == 404, r.text  # answered: an unknown id, not "postgres unavailable"
+    finally:
+        await busy.close()
 
 
 async def test_metrics_count_the_api_s_own_publishes_and_publish_failures(
