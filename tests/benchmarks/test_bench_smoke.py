@@ -44,7 +44,7 @@ HEADLINE = {
     "throughput": ["tasks_per_s"],
     "latency": ["to_running_p50_ms", "to_running_p99_ms", "to_terminal_p50_ms"],
     "recovery": ["p50_recovery_seconds", "max_recovery_seconds", "bound_seconds"],
-    "scale": [f"{op}_median_ms" for op in ("insert", "claim", "finish", "publish", "summary")],
+    "scale": [f"{op}_median_ms" for op in ("insert", "claim", "finish", "publish", "summary", "view")],
     "soak": ["rss_start_mb", "rss_end_mb", "tasks_per_s"],
     "density": ["seconds_until_all_running", "running_rss_mb", "running_pss_mb", "pss_mb_per_task"],
     "submit": ["seconds", "requests_per_s"],
