@@ -242,6 +242,7 @@ async def _http(
                 counts["failed"] += 1
                 errors.append(f"{response.status_code} {response.text[:200]}")
 
+    log_start = api.log.stat().st_size
     started = time.perf_counter()
     await asyncio.gather(*(one_client() for _ in range(opts.clients)))
     elapsed = time.perf_counter() - started
@@ -252,10 +253,21 @@ async def _http(
         "p50_ms": stats.get("p50"), "p99_ms": stats.get("p99"), "ok": counts["ok"],
         "refused": counts["refused"], "failed": counts["failed"], "errors": errors[:5],
     }
+    if counts["failed"]:
+        data["api_errors"] = _first_error(api, log_start)
     if per_call:
         data["intents"] = counts["accepted"]
         data["intents_per_s"] = counts["accepted"] / elapsed
     return data, latencies
+
+
+def _first_error(api: Proc, offset: int, lines: int = 60) -> str:
+    """The api's first error of the round (its traceback), from the log written since ``offset``."""
+    with api.log.open("rb") as f:
+        f.seek(offset)
+        text_lines = f.read().decode(errors="replace").splitlines()
+    marks = [i for i, line in enumerate(text_lines) if "Traceback" in line or line.startswith("ERROR")]
+    return "\n".join(text_lines[marks[0]:marks[0] + lines]) if marks else "(no error in the api log)"
 
 
 def _finish(
@@ -297,6 +309,11 @@ def _finish(
              "process; ratios to GET /healthz of the same api in the same run")
     doc.note("failed counts in-process intents left unpublished by a broker error, and HTTP 5xx/transport "
              "errors; refused counts 4xx answers and refused batch entries")
+    for name in rounds.descriptions:
+        failed = [r for r in rounds.rounds[name] if r.get("failed")]
+        if failed:
+            doc.note(f"{name}: {sum(r['failed'] for r in failed)} failed in {len(failed)} round(s); first "
+                     f"answers {failed[0].get('errors')}; the api's traceback is in the round's api_errors")
     if pv is None:
         doc.note(peers.PROCRASTINATE_MISSING)
     return doc.finish()
