@@ -261,13 +261,21 @@ async def _http(
     return data, latencies
 
 
-def _first_error(api: Proc, offset: int, lines: int = 60) -> str:
+def _first_error(api: Proc, offset: int, lines: int = 40) -> str:
     """The api's first error of the round (its traceback), from the log written since ``offset``."""
     with api.log.open("rb") as f:
         f.seek(offset)
         text_lines = f.read().decode(errors="replace").splitlines()
     marks = [i for i, line in enumerate(text_lines) if "Traceback" in line or line.startswith("ERROR")]
-    return "\n".join(text_lines[marks[0]:marks[0] + lines]) if marks else "(no error in the api log)"
+    if not marks:
+        return "(no error in the api log)"
+    block = [text_lines[marks[0]]]
+    for line in text_lines[marks[0] + 1:]:
+        if line.startswith("INFO:"):  # the next access-log line ends the traceback
+            break
+        block.append(line)
+    # The frames that say what failed are at the end of a traceback.
+    return "\n".join(block if len(block) <= lines else [*block[:3], "...", *block[-lines:]])
 
 
 def _finish(
