@@ -117,6 +117,13 @@ async def _run(opts: SubmitOptions) -> dict[str, Any]:
                     elif name.startswith("http-"):
                         data, latencies = await _http(client, name, opts, api, env)
                         pooled[name] += latencies
+                        if "intents" in data:  # every accepted intent is a committed pending row
+                            data["pending_rows"] = await _pending(services.engine)
+                            if data["pending_rows"] < data["intents"]:
+                                raise BenchError(f"{name}: {data['intents']} intents accepted but only "
+                                                 f"{data['pending_rows']} pending rows")
+                            # a request that failed in transit may still have committed
+                            data["committed_unanswered"] = data["pending_rows"] - data["intents"]
                     else:
                         assert pq is not None
                         data = await pq.defer_round(opts.single if name.endswith("single") else opts.intents,

@@ -130,8 +130,9 @@ def test_submit(tmp_path: Path, redis_url: str) -> None:
             n = settings["single"] if name.endswith("single") else settings["intents"]
             assert one["intents"] == one["pending_rows"] == n
     batch = data["variants"]["http-batch1000"]["rounds"][0]
-    assert batch["intents"] == settings["http_batches"] * 1000
-    assert data["variants"]["http-single"]["rounds"][0]["intents"] == settings["http_requests"]
+    assert batch["intents"] == batch["pending_rows"] == settings["http_batches"] * 1000
+    single = data["variants"]["http-single"]["rounds"][0]
+    assert single["intents"] == single["pending_rows"] == settings["http_requests"]
     assert data["ratios"]["http-single / http-healthz (requests/s)"] > 0
 
 
