@@ -39,12 +39,22 @@ def broker_settings(url: str) -> dict[str, Any]:
     other app that talks to our queues (a test's or a benchmark's publisher on another broker)."""
     rabbitmq = url.split("://", 1)[0] in ("amqp", "amqps", "pyamqp")
     if rabbitmq:
-        # Quorum queues: replicated, and they survive a broker node's loss (a lost message would
-        # only delay a task: the publisher re-sends it). Celery detects them and turns global QoS
-        # off. Queues made on the fly for TaskSpec.queue get the same type. A publish counts only
-        # once the broker confirmed it (else the task stays pending and the publisher re-sends it).
-        # RabbitMQ's consumer_timeout can never cut a durable task short: a message is
-        # acknowledged before its task runs, and the lease, not the broker, tells who owns a task.
+        # Quorum queues for `durable` and `duties`: replicated, and they survive a broker node's
+        # loss (a lost message would only delay a task: the publisher re-sends it). Celery detects
+        # them and turns global QoS off. Queues made on the fly for TaskSpec.queue get the same
+        # type. A publish counts only once the broker confirmed it (else the task stays pending and
+        # the publisher re-sends it).
+        # Acknowledgement and prefetch here: worker_disable_prefetch is Redis-only (Celery ignores
+        # it with a warning), so a worker holds up to worker_prefetch_multiplier x concurrency
+        # unacknowledged messages (per consumer QoS). Each is acknowledged when a pool process
+        # takes it up, before its task runs (task_acks_late off). A message still waiting for a
+        # process when its worker dies goes back to the queue and is delivered again; its claim
+        # either runs the task or finds it no longer pending, so a second delivery runs nothing twice.
+        # RabbitMQ's consumer_timeout (30 min by default) can never cut a durable task short: it
+        # only closes a channel holding an unacknowledged delivery, a running task's message was
+        # acknowledged when it started, and the lease, not the broker, tells who owns a task. (A
+        # message can wait that long for a process only if every process runs a long task, which
+        # the default concurrency of capacity + 2 rules out; even then it is just delivered again.)
         queue_args: dict[str, str] | None = {"x-queue-type": "quorum"}
         extra: dict[str, Any] = {
             "task_create_missing_queue_type": "quorum",
@@ -110,7 +120,8 @@ task_routes = {
 # Early acknowledgement, no prefetch: a worker holds only the message it is running, so no message
 # waits behind a long task, and nothing sits in Redis' "unacked" set where the visibility timeout
 # would re-deliver it while the first run goes on. A message lost between acknowledgement and claim
-# leaves a pending row that the publisher re-sends within DTASK_PUBLISH_SECONDS.
+# leaves a pending row that the publisher re-sends within DTASK_PUBLISH_SECONDS. (On RabbitMQ the
+# prefetch is per consumer and cannot be disabled: see broker_settings.)
 task_acks_late = False
 task_reject_on_worker_lost = False
 worker_prefetch_multiplier = 1

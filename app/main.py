@@ -13,11 +13,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from app import routes_health, routes_tasks, routes_types, ui
 from app.auth import Guard, KeyRing
 from app.cache import TtlCache
 from app.metrics import MetricsCache
+from domains.evaluation import routes as evaluation_routes
+from domains.graph import routes as graph_routes
 from domains.knowledge import routes as knowledge_routes
 from tasks_core.db import check_schema, is_transient
 from tasks_core.services import Services, build_services
@@ -101,13 +104,15 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     if services is not None:
         app.state.services = services
     app.add_exception_handler(RequestValidationError, _validation_error)
-    for kind in (DBAPIError, OSError, TimeoutError, RedisError):
+    for kind in (DBAPIError, PoolTimeout, OSError, TimeoutError, RedisError):
         app.add_exception_handler(kind, _dependency_error)
     app.include_router(routes_tasks.router)
     app.include_router(routes_types.router)
     ui.install(app, settings)  # the dashboard at /ui (signs in by cookie, hence OWN_AUTH_PREFIXES)
     app.include_router(routes_health.router)
     knowledge_routes.install(app)  # /knowledge routes, 503 for unreachable stores, readiness facts
+    app.include_router(evaluation_routes.router)
+    app.include_router(graph_routes.router)
     # Authenticate before reading any body; a batch may carry up to 1,000 payloads (each also
     # checked against its own limit).
     app.add_middleware(

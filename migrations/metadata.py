@@ -4,6 +4,8 @@ from __future__ import annotations
 
 # Importing a domain's model registers its tables.
 import domains.diagnostics.model
+import domains.evaluation.model
+import domains.graph.model
 import domains.knowledge.model  # noqa: F401
 from tasks_core.model import metadata as target_metadata
 

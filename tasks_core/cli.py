@@ -99,37 +99,58 @@ def _task_id(raw: str) -> uuid.UUID:
 
 @cli.command()
 def migrate() -> None:
-    """Bring the database schema to this release (the only command that changes it)."""
-    from alembic import command
+    """Bring the database schema to this release (the only command that changes it).
 
-    from tasks_core.db import alembic_config
+    Accepts an empty database, the pre-durable release's (upgraded in place) or an older schema of
+    this project; refuses anything else before changing it. One transaction under an advisory lock.
+    """
+    from tasks_core.schema_upgrade import MigrationRefused, upgrade_database
 
-    url = get_settings().require_database()
+    settings = get_settings()
+    url = settings.require_database()
     try:
-        command.upgrade(alembic_config(url), "head")
+        outcome = asyncio.run(upgrade_database(url, timeout_seconds=settings.default_timeout_seconds))
+    except MigrationRefused as exc:
+        _fail(f"refusing to migrate (nothing was changed): {exc}", Exit.SCHEMA)
     except Exception as exc:
         problem = classify(exc, url)
         if problem is None:
-            raise
+            _fail(f"migration failed (nothing was changed): {exc}")
         _fail(str(problem), problem.code)
+    typer.echo(f"found: {outcome.found.describe()}")
+    if outcome.counts:
+        typer.echo("carried over: " + ", ".join(f"{n} {what}" for what, n in outcome.counts.items()))
     typer.echo("schema is current")
 
 
 @cli.command("db-status")
 def db_status() -> None:
-    """Show the database's schema revision and the one this release needs."""
-    from tasks_core.db import current_revision, head_revision, make_engine
+    """Show the database's starting point, its schema revision and the one this release needs, and
+    the pre-durable tasks the reconciler has yet to converge."""
+    from tasks_core.db import make_engine
+    from tasks_core.repository import TaskRepository
+    from tasks_core.schema_detect import Detection
+    from tasks_core.schema_detect import classify as starting_point
 
-    async def go() -> str | None:
+    async def go() -> tuple[Detection, dict[str, int] | None]:
         engine = make_engine(get_settings().require_database(), pool_size=1)
         try:
-            return await current_revision(engine)
+            async with engine.connect() as conn:
+                found = await conn.run_sync(starting_point)
+            backlog = await TaskRepository(engine).legacy_backlog() if found.kind == "current" else None
+            return found, backlog
         finally:
             await engine.dispose()
 
-    current, head = _run(go), head_revision()
-    typer.echo(f"database: {current or 'no version'}\nrelease:  {head}")
-    if current != head:
+    found, backlog = _run(go)
+    typer.echo(f"starting point: {found.describe()}")
+    typer.echo(f"database: {found.revision or 'no version'}\nrelease:  {found.head}")
+    if backlog is not None:
+        detail = ", ".join(f"{n} {status}" for status, n in sorted(backlog.items()))
+        typer.echo(f"legacy tasks to converge: {sum(backlog.values())}" + (f" ({detail})" if detail else ""))
+    if found.kind == "refused":
+        _fail("`dtask migrate` refuses this database", Exit.SCHEMA)
+    if found.kind != "current":
         _fail("schema is not current: run `dtask migrate`", Exit.SCHEMA)
 
 

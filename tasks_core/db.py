@@ -10,6 +10,7 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +60,8 @@ TRANSIENT_SQLSTATES = frozenset(
 def is_transient(exc: BaseException) -> bool:
     """Whether a database call failed for a reason that may pass (restart, blink, timeout), as
     opposed to a statement that is wrong and would fail again."""
-    if isinstance(exc, OSError | TimeoutError | ConnectionError):
+    # PoolTimeout: every pooled connection stayed busy past the wait; a burst that passes.
+    if isinstance(exc, OSError | TimeoutError | ConnectionError | PoolTimeout):
         return True
     if isinstance(exc, DBAPIError):
         if exc.connection_invalidated:

@@ -22,7 +22,12 @@ if TYPE_CHECKING:
     from tasks_core.context import TaskContext
 
 # Each module defines SPECS: a sequence of TaskSpec. Later domains append theirs here.
-DOMAIN_SPEC_MODULES: tuple[str, ...] = ("domains.diagnostics.tasks", "domains.knowledge.tasks")
+DOMAIN_SPEC_MODULES: tuple[str, ...] = (
+    "domains.diagnostics.tasks",
+    "domains.knowledge.tasks",
+    "domains.evaluation.tasks",
+    "domains.graph.tasks",
+)
 
 HookKind = Literal["success", "failure"]
 Handler = Callable[["TaskContext"], Awaitable[Any]]

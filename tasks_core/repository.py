@@ -34,6 +34,8 @@ OWNED = f"attempt_token = :tok AND status = 'running' AND lease_expires_at > {NO
 # SQLSTATE lock_not_available: raised when lock_timeout expires.
 LOCK_NOT_AVAILABLE = "55P03"
 ACTIVE_SQL = "('pending', 'running')"
+# Why a pre-durable task that was pending or running ends failed (`legacy_interrupted`).
+INTERRUPTED_MESSAGE = "interrupted by the upgrade from the pre-durable release; resubmit to run it again"
 TERMINAL_SQL = "('success', 'failed', 'cancelled')"
 # The row's owner runs fewer than :omax tasks (no limit when :omax is NULL; tasks without an owner,
 # submitted through the Python API, are exempt). Evaluated on `tasks` rows (claim, relay, publisher).
@@ -157,6 +159,8 @@ class HookSource(Protocol):
 
 class RunnableSource(HookSource, Protocol):
     def runnable(self, task_type: str, version: int) -> Any: ...
+
+    def __contains__(self, task_type: object) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -1021,21 +1025,7 @@ class TaskRepository:
         version = row["handler_version"]
         cancel = row["cancel_requested_at"] is not None
         if version == LEGACY_VERSION:
-            # The upgrade keeps old cancel intents: those tasks end as the user asked, cancelled.
-            if cancel:
-                status, error = (
-                    Status.CANCELLED,
-                    {"code": "cancelled", "message": "cancel requested before the durable runtime"},
-                )
-            else:
-                status, error = (
-                    Status.FAILED,
-                    {
-                        "code": "legacy_task",
-                        "message": "started before the durable runtime; resume explicitly",
-                    },
-                )
-            ok = await self._converge(conn, row, status, error, registry)
+            ok = await self._converge_legacy(conn, row, registry)
             report.legacy += 1
         elif row["status"] == Status.PENDING:
             # Pending with cancel intent (e.g. a retry-safe task handed back at worker shutdown just
@@ -1081,6 +1071,38 @@ class TaskRepository:
                 report.failed += 1
         if not ok:
             report.hook_errors += 1
+
+    async def _converge_legacy(self, conn: AsyncConnection, row: Row, registry: RunnableSource) -> bool:
+        """A non-terminal task of the pre-durable release: whatever ran it died with the old process.
+
+        Its cancel intent is honoured (``cancelled``), otherwise it ends ``failed``
+        (``legacy_interrupted``), both through the current type's failure hook; a type this
+        deployment no longer has fails closed, without any hook.
+        """
+        cancel = row["cancel_requested_at"] is not None
+        if row["task_type"] not in registry:
+            status = Status.CANCELLED if cancel else Status.FAILED
+            message = f"no handler for {row['task_type']} (a task of the pre-durable release)"
+            error = {"code": "handler_unavailable", "message": message}
+            return await self._converge(conn, row, status, error, None)
+        if cancel:
+            status = Status.CANCELLED
+            error = {"code": "cancelled", "message": "cancel requested before the upgrade"}
+        else:
+            status = Status.FAILED
+            error = {"code": "legacy_interrupted", "message": INTERRUPTED_MESSAGE}
+        return await self._converge(conn, row, status, error, registry)
+
+    async def legacy_backlog(self) -> dict[str, int]:
+        """Tasks of the pre-durable release still waiting for the reconciler, by status."""
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                text(
+                    f"""SELECT status, count(*) FROM tasks
+                    WHERE handler_version = {LEGACY_VERSION} AND status IN {ACTIVE_SQL} GROUP BY status"""
+                )
+            )
+            return {status: int(n) for status, n in rows}
 
     async def fail_unrunnable_pending(self, registry: RunnableSource, *, batch: int) -> int:
         """Fail closed pending (non-legacy) tasks whose type or version this deployment cannot run."""

@@ -1,23 +1,11 @@
 """How a domain adds its own pages to the dashboard.
 
 A domain module defines one ``UiExtension``: a router whose paths all start with ``/ui/``, the
-navigation entries that lead to it, and optionally a directory of templates. Its pages use the
-dashboard's sign-in and layout::
-
-    # domains/knowledge/ui.py
-    router = APIRouter(prefix="/ui/knowledge")
-
-    @router.get("")
-    async def bases(request: Request, viewer: Signed) -> HTMLResponse:
-        rows = ...  # the viewer's own objects: viewer.principal.owner_filter()
-        return render(request, "knowledge/bases.html", {"viewer": viewer, "bases": rows})
-
-    UI = UiExtension(router, nav=(NavEntry("Knowledge", "/ui/knowledge"),),
-                     templates=Path(__file__).parent / "templates")
-
-then adds ``"domains.knowledge.ui:UI"`` to ``EXTENSION_MODULES`` below. Templates extend
-``"base.html"``; forms that change anything take ``Checked`` instead of ``Signed`` (it verifies the
-CSRF token the layout puts in ``viewer.csrf``); a task links to ``/ui/tasks/<id>``.
+navigation entries that lead to it, and optionally a directory of templates; its
+``"module:attribute"`` goes into ``EXTENSION_MODULES`` below. ``domains/knowledge/ui.py`` is the
+worked example. Pages take ``Signed`` (the dashboard's sign-in) and answer with ``render``; templates
+extend ``"base.html"``; forms that change anything take ``Checked`` instead of ``Signed`` (it
+verifies the CSRF token the layout puts in ``viewer.csrf``); a task links to ``/ui/tasks/<id>``.
 """
 
 from __future__ import annotations
@@ -32,7 +20,7 @@ from starlette.routing import BaseRoute
 from tasks_core.registry import import_path
 
 # "module:attribute" of each domain's UiExtension, imported when the api starts.
-EXTENSION_MODULES: tuple[str, ...] = ()
+EXTENSION_MODULES: tuple[str, ...] = ("domains.knowledge.ui:UI",)
 
 
 @dataclass(frozen=True)

@@ -162,17 +162,19 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 async def list_files(
     conn: AsyncConnection, base_id: str, *, status: str | None, limit: int, cursor: str | None
 ) -> tuple[list[Row], str | None]:
-    """Newest first, keyset-paged on (created_at, file_id)."""
+    """Newest first, keyset-paged on (created_at, file_id); with the status of each file's task
+    (None once the task is pruned)."""
     after = decode_cursor(cursor) if cursor else (None, None)
     rows = (
         (
             await conn.execute(
                 text(
-                    """SELECT * FROM knowledge_files WHERE kb_id = :kb
-          AND (CAST(:status AS text) IS NULL OR status = :status)
+                    """SELECT f.*, t.status AS task_status
+        FROM knowledge_files f LEFT JOIN tasks t ON t.id = f.task_id WHERE f.kb_id = :kb
+          AND (CAST(:status AS text) IS NULL OR f.status = :status)
           AND (CAST(:c_at AS timestamptz) IS NULL
-               OR (created_at, file_id) < (CAST(:c_at AS timestamptz), :c_id))
-        ORDER BY created_at DESC, file_id DESC LIMIT :limit"""
+               OR (f.created_at, f.file_id) < (CAST(:c_at AS timestamptz), :c_id))
+        ORDER BY f.created_at DESC, f.file_id DESC LIMIT :limit"""
                 ),
                 {
                     "kb": base_id,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import uuid
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import (
@@ -396,6 +397,31 @@ class _NothingToDo(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class BaseReindex:
+    task_id: uuid.UUID | None  # None: no file needed it, or one is already active
+    files: list[dict[str, Any]]  # the files handed to the new task
+    active: uuid.UUID | None = None  # the reindex of this base that is already active
+
+
+async def reindex_base(svc: Services, base_id: str, owner: str) -> BaseReindex:
+    """One task for every errored (or stranded uploaded) file of the base; one at a time per base.
+    Raises InvalidTask when the owner's quota refuses it. The API and the dashboard both use it."""
+    try:
+        async with Submitter(svc).transaction(owner=owner) as tx:
+            submitted = await tx.add(TaskIntent(REINDEX, {"base_id": base_id}, dedupe_key=f"base:{base_id}"))
+            if submitted.duplicate_of is not None:
+                return BaseReindex(None, [], submitted.duplicate_of)
+            file_ids = await catalog.reindexable(tx.conn, base_id)
+            if not file_ids:
+                raise _NothingToDo  # roll the task back: nothing would run
+            await catalog.assign(tx.conn, file_ids, submitted.task_id)
+            rows = [await catalog.get_file(tx.conn, fid) for fid in file_ids]
+    except _NothingToDo:
+        return BaseReindex(None, [])
+    return BaseReindex(submitted.task_id, [r for r in rows if r])
+
+
 @router.post(
     "/bases/{base_id}/reindex-pending",
     status_code=202,
@@ -411,23 +437,17 @@ async def reindex_pending(base_id: BaseId, caller: Caller, svc: Svc, response: R
     """One task for every errored (or stranded uploaded) file of the base; one at a time per base."""
     base = await _base(svc, base_id, caller)
     try:
-        async with Submitter(svc).transaction(owner=base["owner"]) as tx:
-            submitted = await tx.add(TaskIntent(REINDEX, {"base_id": base_id}, dedupe_key=f"base:{base_id}"))
-            if submitted.duplicate_of is not None:
-                return _conflict("a reindex of this base is already active", submitted.duplicate_of)
-            file_ids = await catalog.reindexable(tx.conn, base_id)
-            if not file_ids:
-                raise _NothingToDo  # roll the task back: nothing would run
-            await catalog.assign(tx.conn, file_ids, submitted.task_id)
-            rows = [await catalog.get_file(tx.conn, fid) for fid in file_ids]
-    except _NothingToDo:
-        response.status_code = 200
-        return {"task_id": None, "files": []}
+        outcome = await reindex_base(svc, base_id, base["owner"])
     except InvalidTask as exc:
         raise _refused(exc) from None
+    if outcome.active is not None:
+        return _conflict("a reindex of this base is already active", outcome.active)
+    if outcome.task_id is None:
+        response.status_code = 200
+        return {"task_id": None, "files": []}
     return {
-        "task_id": submitted.task_id,
-        "files": [_ref(r["file_id"], submitted.task_id, "uploaded", r["filename"]) for r in rows if r],
+        "task_id": outcome.task_id,
+        "files": [_ref(r["file_id"], outcome.task_id, "uploaded", r["filename"]) for r in outcome.files],
     }
 
 

@@ -81,6 +81,9 @@ def throughput(
         "--pgbench-clients", help="pgbench -c, repeatable (default 1 and the concurrency)")] = None,
     peers: Annotated[bool | None, typer.Option(
         "--peers/--no-peers", help="Procrastinate and arq variants, where installed (default on)")] = None,
+    broker: Annotated[str | None, typer.Option(
+        help="amqp://user:password@127.0.0.1:5672/ : carry the messages through a vhost of the run's own "
+             "on this RabbitMQ (default: the run's Redis DB)")] = None,
     quick: Quick = False, rounds: Rounds = None, out: Out = None, admin_url: AdminUrl = None,
     redis_url: RedisUrl = None, redis_db: RedisDb = None, flush_redis: FlushRedis = False,
 ) -> None:
@@ -96,7 +99,7 @@ def throughput(
         tasks=tasks, warmup=warmup, concurrency=concurrency, capacity=capacity,
         pgbench_seconds=pgbench_seconds, pgbench_clients=tuple(pgbench_clients) if pgbench_clients else None,
         peers=peers, rounds=rounds, admin_url=admin_url, redis_url=redis_url, redis_db=redis_db,
-        flush_redis=flush_redis or None,
+        flush_redis=flush_redis or None, broker=broker,
     ))
 
 
@@ -227,6 +230,9 @@ def density(
     sizes: Annotated[list[int] | None, typer.Option(
         "--size", help="concurrent sleeps per worker, repeatable (default 10, 100, 200)", min=1)] = None,
     sleep_seconds: Annotated[float | None, _opt("how long each sleep lasts (default 60)", 1)] = None,
+    noop_tasks: Annotated[int | None, _opt("no-ops per mode, throughput variants (default 1000)", 1)] = None,
+    noop_concurrency: Annotated[int | None, _opt(
+        "worker concurrency and capacity for the no-op variants (default 8)", 1)] = None,
     quick: Quick = False, rounds: Annotated[int | None, _opt("rounds per variant (default 1)", 1)] = None,
     out: Out = None, admin_url: AdminUrl = None,
     redis_url: RedisUrl = None, redis_db: RedisDb = None, flush_redis: FlushRedis = False,
@@ -234,12 +240,14 @@ def density(
     """Worker memory and time-to-all-running for N concurrent sleeps: prefork vs the dense mode.
 
     The dense mode (`dtask worker --pool threads`) runs every task on one process's event loop; the
-    result gives MiB per extra running task and the prefork/dense ratio.
+    result gives MiB per extra running task and the prefork/dense ratio, and each mode's no-op
+    throughput at the same concurrency.
     """
     from tasks_core.bench import density as workload
 
     _execute(workload, workload.DensityOptions, quick, out, dict(
         sizes=tuple(sizes) if sizes else None, sleep_seconds=sleep_seconds, rounds=rounds,
+        noop_tasks=noop_tasks, noop_concurrency=noop_concurrency,
         admin_url=admin_url, redis_url=redis_url, redis_db=redis_db, flush_redis=flush_redis or None,
     ))
 

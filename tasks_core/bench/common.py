@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import os
 import shutil
 import signal
@@ -31,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 import tasks_core
 from tasks_core.processes import GroupProcess, process_tree, spawn
+from tasks_core.rabbitmq import PrivateVhost
 from tasks_core.settings import Settings
 
 T = TypeVar("T")
@@ -177,6 +179,10 @@ class BenchEnv:
         self.admin_url = opts.admin_url
         self.broker = redis_db_url(opts.redis_url, opts.redis_db)
         self.redis = redis_sync.Redis.from_url(self.broker)
+        # Where task messages go: this Redis DB, or a RabbitMQ vhost of the run's own (use_rabbitmq);
+        # the readiness fact, the metrics and the bench's own counters stay on the Redis DB.
+        self.transport = self.broker
+        self.vhost: PrivateVhost | None = None
         self.dir = Path(tempfile.mkdtemp(prefix=f"dtask-bench-{workload}-"))
         self.databases: list[str] = []
         self.procs: list[Proc] = []
@@ -218,6 +224,12 @@ class BenchEnv:
         if self._celery is not None:
             with contextlib.suppress(Exception):
                 self._celery.close()
+        if self.vhost is not None:
+            try:
+                await asyncio.to_thread(self.vhost.delete)
+            except Exception as exc:
+                print(f"dtask bench: could not delete vhost {self.vhost.name}: {exc!r}", file=sys.stderr)
+            self.vhost = None
         for name in self.databases:
             try:
                 await asyncio.to_thread(_drop, self.admin_url, name)
@@ -248,9 +260,22 @@ class BenchEnv:
 
     # ------------------------------------------------------------------ Redis / Celery
 
+    async def use_rabbitmq(self, base_url: str) -> str:
+        """Carry task messages through a vhost of this run's own on the (local) RabbitMQ at
+        ``base_url``, made now and deleted by ``close()``; returns its name."""
+        from tasks_core.rabbitmq import RabbitMQError
+
+        try:
+            vhost = PrivateVhost(base_url, prefix=f"dtask_bench_{self.workload}")
+            self.vhost = vhost
+            self.transport = await asyncio.to_thread(vhost.create)
+        except RabbitMQError as exc:
+            raise BenchError(str(exc)) from exc
+        return vhost.name
+
     @property
     def celery(self) -> Any:
-        """A Celery app with the project's transport settings, pointed at this run's Redis DB.
+        """A Celery app with the project's transport settings, pointed at this run's broker.
 
         Used to publish (through ``CeleryTransport``) and for remote control (ping, consumers). It
         is not ``tasks_core.celery_app.app``, whose broker comes from the caller's environment.
@@ -260,7 +285,9 @@ class BenchEnv:
 
             app = Celery("dtask_bench_client", set_as_current=False)
             app.config_from_object("celeryconfig")
-            app.conf.update(broker_url=self.broker, beat_schedule={})
+            # The queues as the workers declare them (quorum on RabbitMQ); by name, as Celery loads it.
+            broker = importlib.import_module("celeryconfig").broker_settings(self.transport)
+            app.conf.update(broker, beat_schedule={})
             self._celery = app
         return self._celery
 
@@ -270,6 +297,8 @@ class BenchEnv:
 
     def clear_queues(self) -> None:
         """Drop queued messages left by a previous round (kombu's bindings stay, workers need them)."""
+        if self.transport != self.broker:  # RabbitMQ: our queues, in a vhost nobody else uses
+            self.celery.control.purge()
         for pattern in ("durable*", "duties*", "unacked*", "dtask:bench:*"):
             for key in self.redis.scan_iter(pattern):
                 self.redis.delete(key)
@@ -289,7 +318,7 @@ class BenchEnv:
 
     def dtask_settings(self, db_url: str | None, **overrides: Any) -> dict[str, str]:
         """DTASK_* variables for a worker/beat process on this run's database and Redis DB."""
-        settings = {"DTASK_BROKER_URL": self.broker, "DTASK_REDIS_URL": self.broker}
+        settings = {"DTASK_BROKER_URL": self.transport, "DTASK_REDIS_URL": self.broker}
         if db_url is not None:
             settings["DTASK_DATABASE_URL"] = db_url
         settings.update({f"DTASK_{k.upper()}": str(v) for k, v in overrides.items()})
@@ -366,20 +395,20 @@ def _drop(admin_url: str, name: str) -> None:
 # ---------------------------------------------------------------------------- the durable client side
 
 
-def client_settings(db_url: str, broker: str, **overrides: Any) -> Settings:
+def client_settings(db_url: str, broker: str, redis: str | None = None, **overrides: Any) -> Settings:
     """Settings for the in-process submitter, independent of the caller's DTASK_* environment."""
-    return Settings(_env_file=None, database_url=db_url, broker_url=broker, redis_url=broker,  # type: ignore[call-arg]
+    return Settings(_env_file=None, database_url=db_url, broker_url=broker, redis_url=redis or broker,  # type: ignore[call-arg]
                     **overrides)
 
 
 def durable_services(env: BenchEnv, db_url: str, *, pool_size: int = 5, **overrides: Any) -> Any:
-    """Services whose transport publishes to this run's Redis DB (not the caller's broker)."""
+    """Services whose transport publishes to this run's broker (not the caller's)."""
     from tasks_core.services import build_services
     from tasks_core.transport import CeleryTransport
 
     return build_services(
-        client_settings(db_url, env.broker, **overrides), transport=CeleryTransport(env.celery),
-        pool_size=pool_size,
+        client_settings(db_url, env.transport, env.broker, **overrides),
+        transport=CeleryTransport(env.celery), pool_size=pool_size,
     )
 
 

@@ -7,6 +7,10 @@ concurrency N (+2 for the duties, like `dtask worker`'s default) and DTASK_CAPAC
 (RSS and PSS summed over the main process and its pool children; PSS splits shared pages fairly, so
 it is the honest figure for prefork's copy-on-write children), the memory per extra running task,
 and the seconds from the submission until all N are running. The modes alternate round by round.
+
+Beside them, ``prefork-noop`` and ``dense-noop`` drain ``noop_tasks`` no-ops through each mode at the
+same concurrency and capacity (``noop_concurrency``): the dense mode must not buy its memory with
+throughput.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from tasks_core.bench.common import (
     worker_pids,
 )
 from tasks_core.bench.report import Document, Rounds, alternate, ratio
+from tasks_core.bench.throughput import ThroughputOptions, durable_round
 
 SLEEP = "diagnostics.sleep"
 MODES = {"prefork": "prefork", "dense": "threads"}
@@ -42,9 +47,12 @@ class DensityOptions(CommonOptions):
     sleep_seconds: float = 60.0
     rounds: int = 1
     stall_seconds: float = 120.0
+    noop_tasks: int = 1000
+    noop_concurrency: int = 8
 
 
-QUICK = {"sizes": (4,), "sleep_seconds": 20.0, "rounds": 1, "stall_seconds": 60.0}
+QUICK = {"sizes": (4,), "sleep_seconds": 20.0, "rounds": 1, "stall_seconds": 60.0, "noop_tasks": 20,
+         "noop_concurrency": 3}
 
 
 def memory_mb(root_pid: int) -> dict[str, float]:
@@ -90,6 +98,11 @@ async def _run(opts: DensityOptions) -> dict[str, Any]:
         for n in opts.sizes
         for mode, pool in MODES.items()
     }
+    for mode, pool in MODES.items():
+        variants[f"{mode}-noop"] = (
+            f"{opts.noop_tasks} diagnostics.noop on one worker, --pool {pool} -c {opts.noop_concurrency}, "
+            f"capacity {opts.noop_concurrency}"
+        )
     doc = Document("density", {**public_options(opts), "sizes": list(opts.sizes)}, quick=opts.quick)
     async with BenchEnv("density", opts) as env:
         db_url = await env.create_database("density")
@@ -107,8 +120,12 @@ async def _run(opts: DensityOptions) -> dict[str, Any]:
         try:
             for round_no, seq, name in alternate(list(variants), opts.rounds):
                 mode, size_text = name.rsplit("-", 1)
-                data = await _round(env, services, db_url, opts, MODES[mode], int(size_text))
-                doc.settings.setdefault("worker_argv", {})[name] = data.pop("argv")
+                if size_text == "noop":
+                    data = await _noop_round(env, services, db_url, opts, MODES[mode])
+                    doc.settings.setdefault("worker_argv", {})[name] = data.pop("settings")["argv"]
+                else:
+                    data = await _round(env, services, db_url, opts, MODES[mode], int(size_text))
+                    doc.settings.setdefault("worker_argv", {})[name] = data.pop("argv")
                 rounds.add(name, round_no, seq, data)
         finally:
             await services.close()
@@ -148,6 +165,14 @@ async def _round(
     }
 
 
+async def _noop_round(
+    env: BenchEnv, services: Any, db_url: str, opts: DensityOptions, pool: str
+) -> dict[str, Any]:
+    noop = ThroughputOptions(tasks=opts.noop_tasks, warmup=min(50, opts.noop_tasks),
+                             concurrency=opts.noop_concurrency, stall_seconds=opts.stall_seconds)
+    return await durable_round(env, services, db_url, noop, opts.noop_concurrency, pool=pool)
+
+
 def _finish(doc: Document, rounds: Rounds, opts: DensityOptions) -> dict[str, Any]:
     doc.data["variants"] = rounds.to_json()
     rows = []
@@ -158,7 +183,7 @@ def _finish(doc: Document, rounds: Rounds, opts: DensityOptions) -> dict[str, An
             m = rounds.medians(f"{mode}-{n}")
             rows.append([
                 f"{mode}-{n}", m.get("seconds_until_all_running"), m.get("running_rss_mb"),
-                m.get("running_pss_mb"), m.get("pss_mb_per_task"), m.get("rss_mb_per_task"),
+                m.get("running_pss_mb"), m.get("pss_mb_per_task"), m.get("rss_mb_per_task"), None,
             ])
         if f"prefork-{n}" not in rounds.rounds:
             continue
@@ -175,9 +200,15 @@ def _finish(doc: Document, rounds: Rounds, opts: DensityOptions) -> dict[str, An
         doc.data["dense_rss_mb_per_extra_task"] = per_task
         doc.note(f"dense: {doc.data['dense_rss_mb_per_extra_task']:.3f} MiB RSS per extra running task "
                  f"(between {small} and {large})")
+    dense_noop, prefork_noop = rounds.medians("dense-noop"), rounds.medians("prefork-noop")
+    doc.data["ratios"]["dense-noop / prefork-noop (tasks/s)"] = ratio(
+        dense_noop.get("tasks_per_s"), prefork_noop.get("tasks_per_s")
+    )
+    for name, m in (("prefork-noop", prefork_noop), ("dense-noop", dense_noop)):
+        rows.append([name, None, None, None, None, None, m.get("tasks_per_s")])
     doc.table(
-        "density: N concurrent sleeps on one worker (medians over rounds)",
-        ["variant", "s to all running", "RSS MiB", "PSS MiB", "PSS MiB/task", "RSS MiB/task"],
+        "density: N concurrent sleeps on one worker; no-op throughput per mode (medians over rounds)",
+        ["variant", "s to all running", "RSS MiB", "PSS MiB", "PSS MiB/task", "RSS MiB/task", "no-ops/s"],
         rows,
     )
     doc.note("PSS divides pages shared by prefork's children among them; RSS counts them in each child")

@@ -43,7 +43,8 @@ def _script() -> Any:
     if _client is None or _client[0] != os.getpid():
         import redis
 
-        conn = redis.Redis.from_url(app.conf.broker_url)
+        # The bench's Redis DB (DTASK_REDIS_URL), also when the broker is RabbitMQ.
+        conn = redis.Redis.from_url(os.environ.get("DTASK_REDIS_URL") or app.conf.broker_url)
         _client = (os.getpid(), conn.register_script(_DONE_LUA))
     return _client[1]
 

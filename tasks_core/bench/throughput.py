@@ -14,6 +14,9 @@ Variants, run in alternating rounds:
 
 Each durable/plain round starts a fresh worker (startup is not timed) and a warm-up batch, so every
 round begins from the same state.
+
+``broker``: an amqp:// URL of a local RabbitMQ runs the durable and plain rounds through a vhost of
+the run's own there (made and deleted by the run); the result records which broker carried them.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from tasks_core.bench.common import (
 )
 from tasks_core.bench.report import Document, Rounds, alternate, ratio
 from tasks_core.metrics import METRICS_KEY, parse_field
+from tasks_core.rabbitmq import masked
 
 NOOP = "diagnostics.noop"
 
@@ -58,6 +62,8 @@ class ThroughputOptions(CommonOptions):
     pgbench_clients: tuple[int, ...] = ()
     stall_seconds: float = 60.0
     peers: bool = True  # Procrastinate and arq, where installed
+    # None: the run's Redis DB carries the messages; an amqp:// URL: a vhost of the run's own there.
+    broker: str | None = None
 
 
 QUICK = {"tasks": 40, "warmup": 6, "concurrency": 3, "capacity": 2, "pgbench_seconds": 1.0, "rounds": 1,
@@ -103,10 +109,15 @@ async def _run(opts: ThroughputOptions) -> dict[str, Any]:
     # Without pgbench the other variants still run; the ratios against it are then null.
     for c in clients if exe else ():
         variants[f"pgbench-c{c}"] = f"pgbench: insert + claim update + terminal update, {c} client(s)"
-    doc = Document("throughput", {**public_options(opts), "pgbench_clients": list(clients),
-                                  "pgbench": exe}, quick=opts.quick)
+    options = {**public_options(opts), "pgbench_clients": list(clients), "pgbench": exe}
+    options["broker"] = None if opts.broker is None else masked(opts.broker)
+    doc = Document("throughput", options, quick=opts.quick)
     rounds = Rounds(variants)
     async with BenchEnv("throughput", opts) as env:
+        doc.settings["broker"] = {"kind": "redis", "url": masked(env.broker)}
+        if opts.broker is not None:
+            vhost = await env.use_rabbitmq(opts.broker)
+            doc.settings["broker"] = {"kind": "rabbitmq", "url": masked(opts.broker), "vhost": vhost}
         db_url = await env.create_database("throughput")
         services = durable_services(env, db_url)
         pq = peers.Procrastinate(db_url) if pv is not None else None
@@ -117,7 +128,7 @@ async def _run(opts: ThroughputOptions) -> dict[str, Any]:
             for round_no, seq, name in alternate(list(variants), opts.rounds):
                 if name.startswith("durable-cap"):
                     cap = int(name.removeprefix("durable-cap"))
-                    data = await _durable_round(env, services, db_url, opts, cap)
+                    data = await durable_round(env, services, db_url, opts, cap)
                     doc.settings.setdefault("worker_settings", {})[name] = data.pop("settings")
                     doc.settings["celery"] = env.celery_settings()
                 elif name == "plain-celery":
@@ -157,14 +168,17 @@ async def _run(opts: ThroughputOptions) -> dict[str, Any]:
     return _finish(doc, rounds, capacities, clients, opts.concurrency)
 
 
-async def _durable_round(
-    env: BenchEnv, services: Any, db_url: str, opts: ThroughputOptions, capacity: int
+async def durable_round(
+    env: BenchEnv, services: Any, db_url: str, opts: ThroughputOptions, capacity: int,
+    pool: str = "prefork",
 ) -> dict[str, Any]:
+    """One round of no-ops through the real durable path on a fresh worker (``pool``: prefork, or
+    threads for the dense mode)."""
     engine = services.engine
     env.clear_queues()
     await reset_tables(engine)
     settings = env.dtask_settings(db_url, capacity=capacity, worker_concurrency=opts.concurrency)
-    proc = env.start_worker("durable", settings, concurrency=opts.concurrency)
+    proc = env.start_worker("durable", settings, concurrency=opts.concurrency, pool=pool)
     try:
         startup = await env.wait_ready(proc)
         if opts.warmup:
@@ -269,7 +283,8 @@ def _finish(
         m = rounds.medians(name)
         rows.append([name, m.get("tasks_per_s"), m.get("seconds"), len(rounds.rounds[name]),
                      ratio(m.get("tasks_per_s"), plain), ratio(m.get("tasks_per_s"), pg)])
-    doc.table("throughput: median tasks/s over rounds",
+    broker = doc.settings.get("broker", {}).get("kind", "redis")
+    doc.table(f"throughput on {broker}: median tasks/s over rounds",
               ["variant", "tasks/s", "seconds", "rounds", "x plain", f"x pgbench-c{pg_best}"], rows)
     doc.note("durable and plain rounds each start a fresh worker; startup is excluded from the timing")
     if not any(name.startswith("pgbench") for name in rounds.descriptions):

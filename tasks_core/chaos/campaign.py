@@ -8,8 +8,12 @@ in small batches, the schedule's faults fire: SIGKILL and restart of workers, SI
 longer than the lease then SIGCONT (a paused owner that wakes up and tries to write), SIGSTOP of a
 worker caught inside a write transaction while it holds row locks, duplicate publication
 of ids, Redis stopped and restarted empty on the same port, ``pg_terminate_backend`` of worker
-connections, cancellations. With ``own_postgres`` the campaign starts its own embedded PostgreSQL
-(under its work directory, never a server others use) and adds two faults only an owner may do:
+connections, cancellations. With ``broker="rabbitmq"`` the transport is a vhost of the campaign's own
+on this machine's RabbitMQ (Redis stays for the readiness fact and the metrics), and the broker fault
+is that vhost's outage: its user's permissions cleared and its connections closed, then granted
+again (the server is never restarted: other vhosts live on it). With ``own_postgres`` the campaign
+starts its own embedded PostgreSQL (under its work directory, never a server others use) and adds
+two faults only an owner may do:
 PostgreSQL paused (postmaster and backends SIGSTOPped) past the lease, and PostgreSQL restarted
 (immediate shutdown, back on the same port within 1-3 s). A monitor samples PostgreSQL meanwhile
 (expired leases, running count, stalls). After the last fault the campaign waits for every task to
@@ -23,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib
 import math
 import os
 import random
@@ -53,6 +58,8 @@ from tasks_core.chaos.checker import (
     merge_counts,
 )
 from tasks_core.lease import MAX_BACKOFF
+from tasks_core.rabbitmq import DEFAULT_URL as DEFAULT_RABBITMQ_URL
+from tasks_core.rabbitmq import PrivateVhost, masked
 from tasks_core.readiness import READINESS_KEY
 
 DEFAULT_ADMIN_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
@@ -87,10 +94,20 @@ class CampaignConfig:
     exclude: tuple[str, ...] = ()  # fault kinds left out of the schedule
     # Start an embedded PostgreSQL of the campaign's own, and pause and restart it as faults.
     own_postgres: bool = False
+    # "redis" (the campaign's own embedded Redis), "rabbitmq" (a vhost of the campaign's own on this
+    # machine's RabbitMQ) or an amqp:// URL of a local RabbitMQ to make that vhost on.
+    broker: str = "redis"
     admin_url: str | None = None
     keep: bool = False
     workdir: Path | None = None
     startup_timeout: float = 120.0
+
+    @property
+    def rabbitmq_url(self) -> str | None:
+        """The RabbitMQ the campaign makes its vhost on; None when the broker is its Redis."""
+        if self.broker == "redis":
+            return None
+        return DEFAULT_RABBITMQ_URL if self.broker == "rabbitmq" else self.broker
 
     def bounds(self) -> Bounds:
         return Bounds(self.capacity, self.lease_seconds, self.reconcile_seconds, self.publish_seconds,
@@ -99,6 +116,8 @@ class CampaignConfig:
     def replay_command(self) -> str:
         defaults = CampaignConfig(seed=self.seed)
         parts = [f"dtask chaos --seed {self.seed}"] + (["--own-postgres"] if self.own_postgres else [])
+        if self.broker != "redis":
+            parts.append(f"--broker {masked(self.broker)}")
         for name, flag in (("workers", "--workers"), ("tasks", "--tasks"), ("fault_seconds", "--duration"),
                            ("capacity", "--capacity"), ("concurrency", "--concurrency"),
                            ("lease_seconds", "--lease"), ("reconcile_seconds", "--reconcile"),
@@ -112,10 +131,14 @@ class CampaignConfig:
 
     def schedule(self) -> list[F.FaultEvent]:
         pause = F.claimer_pause_seconds(self.lease_seconds, self.reconcile_seconds, self.margin_seconds)
-        return F.build_schedule(
-            self.seed, self.fault_seconds, self.lease_seconds, exclude=self.exclude, claimer_pause=pause,
+        rabbitmq = self.rabbitmq_url is not None
+        # The broker fault keeps its place and draws in the schedule whatever the broker.
+        exclude = tuple(F.REDIS if kind == F.RABBITMQ else kind for kind in self.exclude)
+        events = F.build_schedule(
+            self.seed, self.fault_seconds, self.lease_seconds, exclude=exclude, claimer_pause=pause,
             own_postgres=self.own_postgres,
         )
+        return [dataclasses.replace(e, kind=F.on_broker(e.kind, rabbitmq)) for e in events]
 
 
 @dataclass
@@ -138,6 +161,7 @@ class CampaignResult:
         cfg: dict[str, Any] = asdict(self.config)
         cfg["workdir"] = None if self.config.workdir is None else str(self.config.workdir)
         cfg.pop("admin_url", None)  # may carry a password
+        cfg["broker"] = masked(self.config.broker)
         return {
             "seed": self.config.seed,
             "replay": self.config.replay_command(),
@@ -199,7 +223,8 @@ class Campaign:
         self.stalls: list[tuple[datetime, datetime]] = []
         self.max_running = 0
         self.metric_parts: list[dict[str, float]] = []
-        self.redis_down = False
+        self.broker_down = False
+        self._vhost: PrivateVhost | None = None
         self._background: list[asyncio.Task[None]] = []
         self._stop_monitor = asyncio.Event()
         self._skew: tuple[str, float] | None = None
@@ -209,6 +234,7 @@ class Campaign:
         self._db_created = False
         self._redis_server: Any = None
         self.redis_url = ""
+        self.broker_url = ""  # the Redis, or the campaign's vhost on RabbitMQ
         self.services: Any = None
         self.app: Any = None
         self.redis: Any = None
@@ -256,7 +282,8 @@ class Campaign:
         schedule = cfg.schedule()
         workload = F.build_workload(cfg.seed, cfg.tasks)
         self.say(f"seed {cfg.seed} - replay with: {cfg.replay_command()}")
-        kinds = F.ALL_KINDS if cfg.own_postgres else F.KINDS
+        kinds = tuple(F.on_broker(k, cfg.rabbitmq_url is not None)
+                      for k in (F.ALL_KINDS if cfg.own_postgres else F.KINDS))
         phase = F.phase_seconds(schedule, cfg.fault_seconds, cfg.lease_seconds)
         self.say(f"{len(schedule)} faults over {phase:g} s: "
                  + ", ".join(f"{k} {sum(1 for e in schedule if e.kind == k)}" for k in kinds))
@@ -326,14 +353,20 @@ class Campaign:
         await asyncio.to_thread(command.upgrade, alembic_config(db_url), "head")
         self._redis_server = EmbeddedRedis(self.workdir / "redis")
         self.redis_url = await asyncio.to_thread(self._redis_server.start)
+        self.broker_url = self.redis_url
+        if self.cfg.rabbitmq_url is not None:
+            # Redis stays for the readiness fact and the metrics; only the transport moves.
+            self._vhost = PrivateVhost(self.cfg.rabbitmq_url, prefix="dtask_chaos")
+            self.broker_url = await asyncio.to_thread(self._vhost.create)
+            self.say(f"broker: RabbitMQ vhost {self._vhost.name} of the campaign's own")
         self.say(f"database {self._db_name} (migrated), Redis {self.redis_url}, files {self.workdir}")
 
         settings = Settings(
-            database_url=db_url, broker_url=self.redis_url, redis_url=self.redis_url,
+            database_url=db_url, broker_url=self.broker_url, redis_url=self.redis_url,
             lease_seconds=self.cfg.lease_seconds, reconcile_seconds=self.cfg.reconcile_seconds,
             publish_seconds=self.cfg.publish_seconds, capacity=self.cfg.capacity, extra_task_modules="",
         )
-        self.app = _celery_app(self.redis_url)
+        self.app = _celery_app(self.broker_url)
         from tasks_core.transport import CeleryTransport
 
         self.services = build_services(settings, transport=CeleryTransport(self.app), pool_size=5)
@@ -342,7 +375,7 @@ class Campaign:
         self.redis = aioredis.Redis.from_url(self.redis_url, socket_timeout=2, socket_connect_timeout=2)
         env = {
             "DTASK_DATABASE_URL": db_url,
-            "DTASK_BROKER_URL": self.redis_url,
+            "DTASK_BROKER_URL": self.broker_url,
             "DTASK_REDIS_URL": self.redis_url,
             "DTASK_LEASE_SECONDS": str(self.cfg.lease_seconds),
             "DTASK_RECONCILE_SECONDS": str(self.cfg.reconcile_seconds),
@@ -540,12 +573,13 @@ class Campaign:
             await self._pause_claimer(ev)
         elif ev.kind == F.DUPLICATE:
             await self._duplicate(ev)
-        elif ev.kind == F.REDIS:
-            if self.redis_down:
-                await self.fault(ev.kind, "redis", "skipped: Redis is still down or recovering")
+        elif ev.kind in (F.REDIS, F.RABBITMQ):
+            if self.broker_down:
+                await self.fault(ev.kind, "broker", "skipped: the broker is still down or recovering")
                 return
-            self.redis_down = True
-            self._spawn_bg(self._redis_restart(ev.duration))
+            self.broker_down = True
+            outage = self._redis_restart if ev.kind == F.REDIS else self._rabbitmq_outage
+            self._spawn_bg(outage(ev.duration))
         elif ev.kind == F.PG_TERMINATE:
             await self._pg_terminate(ev)
         elif ev.kind == F.CANCEL:
@@ -742,7 +776,28 @@ class Campaign:
         await asyncio.sleep(downtime)
         await asyncio.to_thread(self._redis_server.start)
         await self.fault("redis_start", "redis", f"started empty on the same port ({self.redis_url})")
-        # Recovered = a worker answers over the new broker and a reconcile beat scheduled has run.
+        await self._await_transport("redis", "the Redis restart", outage)
+
+    async def _rabbitmq_outage(self, downtime: float) -> None:
+        """The campaign's vhost refuses its user and loses every connection, then is granted again:
+        publishes fail, workers and beat retry their connections, and all must carry on after it.
+        (Quorum queues keep their messages: unlike Redis restarted empty, nothing is lost.)"""
+        assert self._vhost is not None
+        outage: list[datetime | None] = [await self.pg_now(), None]
+        self.outages.append(outage)
+        await asyncio.to_thread(self._vhost.revoke)
+        await self.fault(F.RABBITMQ, "rabbitmq", f"vhost {self._vhost.name}: permissions cleared, its "
+                         f"connections closed; granting again in {downtime:.1f} s")
+        await asyncio.sleep(downtime)
+        await asyncio.to_thread(self._vhost.grant)
+        # The readiness fact outlived the outage in Redis: only a reconcile from now on counts.
+        with contextlib.suppress(Exception):
+            await self.redis.delete(READINESS_KEY)
+        await self.fault("rabbitmq_restore", "rabbitmq", f"vhost {self._vhost.name}: permissions set again")
+        await self._await_transport("rabbitmq", "permissions were set again", outage)
+
+    async def _await_transport(self, broker: str, since: str, outage: list[datetime | None]) -> None:
+        """Recovered = a worker answers over the broker and a reconcile beat scheduled has run."""
         began = time.monotonic()
         fact = await self._await_readiness_fact(self.cfg.startup_timeout)
         answered = False
@@ -750,13 +805,13 @@ class Campaign:
             live = [p for p in self.slots if p.alive() and not p.paused]
             answered = any([await self._ping(p) for p in live])
         outage[1] = await self.pg_now()
-        self.redis_down = False
+        self.broker_down = False
         if fact and answered:
-            await self.fault("redis_recovered", "redis",
-                             f"transport working again {time.monotonic() - began:.1f} s after the restart")
+            await self.fault(f"{broker}_recovered", broker,
+                             f"transport working again {time.monotonic() - began:.1f} s after {since}")
         else:
-            self.notes.append("the transport did not recover after a Redis restart")
-            await self.fault("redis_recovered", "redis", "NOT recovered within the start-up timeout")
+            self.notes.append(f"the transport did not recover after {since}")
+            await self.fault(f"{broker}_recovered", broker, "NOT recovered within the start-up timeout")
 
     async def _duplicate(self, ev: F.FaultEvent) -> None:
         if not self.submitted:
@@ -981,6 +1036,11 @@ class Campaign:
                 await self.services.close()
         if self._redis_server is not None:
             await asyncio.to_thread(self._redis_server.stop)
+        if self._vhost is not None:
+            try:
+                await asyncio.to_thread(self._vhost.delete)
+            except Exception as exc:
+                self.say(f"could not delete RabbitMQ vhost {self._vhost.name}: {exc!r}")
         if self._db_created and self._admin is not None and not self.cfg.own_postgres:
             if self.cfg.keep:
                 self.say(f"kept database {self._db_name}")
@@ -1018,11 +1078,15 @@ async def _without_fsync(admin_url: str) -> None:
 
 
 def _celery_app(broker_url: str) -> Any:
-    """A Celery app with the project's settings on the campaign's own Redis (publishing, pings)."""
+    """A Celery app with the project's settings on the campaign's broker (publishing, pings),
+    declaring the queues as the workers do (quorum on RabbitMQ)."""
     from celery import Celery
 
-    app = Celery("dtask-chaos", broker=broker_url, set_as_current=False)
+    app = Celery("dtask-chaos", set_as_current=False)
     app.config_from_object("celeryconfig")
+    # By name, as Celery loads it: celeryconfig sits beside the packages, outside mypy's scope.
+    settings = importlib.import_module("celeryconfig").broker_settings(broker_url)
+    app.conf.update(settings, beat_schedule={})
     return app
 
 

@@ -16,6 +16,8 @@ from typing import Annotated
 import typer
 
 from tasks_core.chaos import faults as F
+from tasks_core.rabbitmq import DEFAULT_URL as DEFAULT_RABBITMQ_URL
+from tasks_core.rabbitmq import is_amqp
 
 # The heartbeat renews every lease/3, so a running task has between 2/3 of a lease and a lease left
 # when PostgreSQL goes down; with 6 s that is 4-6 s, more than a 1-3 s restart plus the workers'
@@ -47,7 +49,8 @@ def chaos_command(
     ] = -3600.0,
     without: Annotated[
         list[str] | None,
-        typer.Option("--without", help="leave a fault kind out (repeatable): " + ", ".join(F.ALL_KINDS)),
+        typer.Option("--without",
+                     help="leave a fault kind out (repeatable): " + ", ".join((*F.ALL_KINDS, F.RABBITMQ))),
     ] = None,
     own_postgres: Annotated[
         bool,
@@ -57,6 +60,13 @@ def chaos_command(
             + ", ".join(F.PG_KINDS),
         ),
     ] = False,
+    broker: Annotated[
+        str,
+        typer.Option(help="redis (an embedded Redis of the campaign's own), rabbitmq (a vhost of its own on "
+                     f"{DEFAULT_RABBITMQ_URL}) or the amqp:// URL of a local RabbitMQ; on RabbitMQ "
+                     f"the broker fault is {F.RABBITMQ} (the vhost's permissions and connections, "
+                     "never a server restart)"),
+    ] = "redis",
     admin_url: Annotated[
         str | None, typer.Option(help="PostgreSQL server for the temporary database (default: local)")
     ] = None,
@@ -72,9 +82,13 @@ def chaos_command(
     # The campaign's own publishes fail while Redis is down: say so in one line, not a traceback.
     logging.basicConfig(level=logging.WARNING, format="[chaos] %(name)s: %(message)s")
 
-    unknown = sorted(set(without or ()) - set(F.ALL_KINDS))
+    known = (*F.ALL_KINDS, F.RABBITMQ)
+    unknown = sorted(set(without or ()) - set(known))
     if unknown:
-        typer.echo(f"unknown fault kind(s) {', '.join(unknown)}; known: {', '.join(F.ALL_KINDS)}", err=True)
+        typer.echo(f"unknown fault kind(s) {', '.join(unknown)}; known: {', '.join(known)}", err=True)
+        raise typer.Exit(2)
+    if broker not in ("redis", "rabbitmq") and not is_amqp(broker):
+        typer.echo(f"--broker takes redis, rabbitmq or an amqp:// URL, not {broker!r}", err=True)
         raise typer.Exit(2)
     if own_postgres and admin_url:
         typer.echo("--own-postgres starts its own server: it takes no --admin-url", err=True)
@@ -85,7 +99,7 @@ def chaos_command(
         lease_seconds=lease or (OWN_POSTGRES_LEASE if own_postgres else 4.0),
         reconcile_seconds=reconcile, publish_seconds=publish, margin_seconds=margin,
         skew_seconds=skew, admin_url=admin_url, keep=keep, exclude=tuple(without or ()),
-        own_postgres=own_postgres,
+        own_postgres=own_postgres, broker=broker,
     )
     try:
         result = asyncio.run(run_campaign(cfg, out=lambda line: typer.echo(line)))

@@ -45,6 +45,15 @@ PG_PAUSE = "pg_pause"
 PG_RESTART = "pg_restart"
 PG_KINDS = (PG_PAUSE, PG_RESTART)
 ALL_KINDS = KINDS + PG_KINDS
+# With RabbitMQ as the broker (--broker rabbitmq) the broker fault takes the Redis restart's place in
+# the schedule (same draws): the campaign's own vhost refuses its user and loses every connection for
+# the fault's duration, then is granted again. The machine's RabbitMQ server is never restarted.
+RABBITMQ = "rabbitmq_outage"
+
+
+def on_broker(kind: str, rabbitmq: bool) -> str:
+    """The fault kind a scheduled broker fault is called on this broker."""
+    return RABBITMQ if rabbitmq and kind == REDIS else kind
 # Relative frequency of each fault after the guaranteed ones.
 WEIGHTS = {KILL: 3, PAUSE: 3, DUPLICATE: 2, REDIS: 1, PG_TERMINATE: 2, CANCEL: 1}
 # Every campaign does each fault at least this often (pauses twice: fencing must be exercised).

@@ -3,6 +3,7 @@ httpx drives the ASGI app in this event loop)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import time
@@ -321,6 +322,21 @@ async def test_readyz_names_the_failing_dependency(clean_db: None, silent_port: 
         await bad.close()
 
 
+async def test_an_exhausted_connection_pool_answers_503_not_500(clean_db: None) -> None:
+    """Every pooled connection busy past the wait (a burst of clients) is a dependency that is
+    briefly unavailable: 503 with Retry-After, like a database blink, never a 500."""
+    busy = build_services(make_settings(api_keys=KEYS), pool_size=1, max_overflow=0)
+    app = create_app(services=busy)
+    try:
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+        async with busy.engine.connect(), client:  # the connect() holds the only pooled connection
+            r = await client.get(f"/tasks/{uuid.uuid4()}", headers=ALICE)
+        assert r.status_code == 503, r.text
+        assert r.json()["dependency"] == "postgres" and r.headers["Retry-After"]
+    finally:
+        await busy.close()
+
+
 async def test_metrics_exports_tasks_and_shared_counters(client: httpx.AsyncClient, svc: Any) -> None:
     await post_task(client)
     async with svc.engine.begin() as conn:
@@ -340,6 +356,29 @@ async def test_metrics_exports_tasks_and_shared_counters(client: httpx.AsyncClie
     assert 'dtask_handler_seconds_bucket{le="1.0",task_type="diagnostics.noop"} 1.0' in text_
     age = next(line for line in text_.splitlines() if line.startswith("dtask_oldest_pending_age_seconds "))
     assert float(age.split()[1]) >= 89
+
+
+async def test_metrics_count_the_api_s_own_publishes_and_publish_failures(
+    client: httpx.AsyncClient, svc: Any
+) -> None:
+    """Publishes made at submit time by the api process reach /metrics (not only workers')."""
+    from celery import Celery
+
+    from tasks_core.transport import CeleryTransport
+
+    await runtime_metrics.flush(svc.redis)  # deltas left by earlier tests in this process...
+    await svc.redis.delete(runtime_metrics.METRICS_KEY)  # ...are not this test's
+    for _ in range(2):
+        assert (await post_task(client)).status_code == 202
+    dead = dataclasses.replace(svc, transport=CeleryTransport(Celery("dead", broker="redis://127.0.0.1:1/0")))
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(services=dead)), base_url="http://t"
+    ) as unpublished:
+        r = await post_task(unpublished)
+    assert r.status_code == 202 and r.json()["status"] == "pending"
+    text_ = (await client.get("/metrics", headers=ROOT)).text
+    assert 'dtask_published_total{by="submit"} 2.0' in text_, text_
+    assert "dtask_publish_failures_total 1.0" in text_
 
 
 async def test_openapi_describes_every_route(client: httpx.AsyncClient) -> None:

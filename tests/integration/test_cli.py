@@ -153,6 +153,10 @@ def _database_url(kind: str, empty_database: str) -> str:
         return session.set(database=f"dtask_missing_{uuid.uuid4().hex[:8]}").render_as_string(
             hide_password=False
         )
+    if kind == "login":  # a role the server does not know: refused even under trust auth
+        return session.set(username=f"dtask_nobody_{uuid.uuid4().hex[:8]}").render_as_string(
+            hide_password=False
+        )
     return empty_database
 
 
@@ -162,6 +166,7 @@ def _database_url(kind: str, empty_database: str) -> str:
     [
         ("unreachable", 6, "cannot reach the database"),
         ("missing", 7, "does not exist"),
+        ("login", 8, "refused the login"),
         ("unmigrated", 3, "run `dtask migrate`"),
     ],
 )
@@ -195,6 +200,15 @@ def test_prune_with_an_overflowing_age_is_one_line(fresh: None) -> None:
 
 
 # ----------------------------------------------------------------------------- what a person reads
+
+
+def test_a_payload_its_type_refuses_is_one_line_naming_each_field(fresh: None) -> None:
+    """The type's payload model checks a CLI submission as it checks an HTTP one; nothing is stored."""
+    result = dtask("submit", "diagnostics.sleep", "--payload", '{"seconds": -1, "bogus": 1}')
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "seconds" in lines[0] and "bogus" in lines[0], result.stderr
+    assert json.loads(dtask("list", "--json").stdout)["items"] == []
 
 
 def test_list_rejects_an_unknown_status_naming_the_valid_ones(fresh: None) -> None:

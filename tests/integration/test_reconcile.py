@@ -185,7 +185,7 @@ async def test_retry_safe_task_goes_back_to_pending_with_backoff_until_attempts_
 
 async def test_legacy_rows_converge_through_the_current_failure_hook(services: Any) -> None:
     """Design 7/9, I6: version-0 rows left by the pre-durable release, pending or running with an
-    expired lease, end `failed` (`legacy_task`) through the current type's failure hook."""
+    expired lease, end `failed` (`legacy_interrupted`) through the current type's failure hook."""
     engine = services.engine
     now = await db_now(engine)
     pending = await insert_raw(engine, version=0, run_row=True)
@@ -198,7 +198,7 @@ async def test_legacy_rows_converge_through_the_current_failure_hook(services: A
     assert report.legacy == 2 and report.errors == []
     for task_id in (pending, running):
         row = await task_row(engine, task_id)
-        assert (row["status"], row["error"]["code"]) == ("failed", "legacy_task")
+        assert (row["status"], row["error"]["code"]) == ("failed", "legacy_interrupted")
         assert row["finished_at"] is not None and row["attempt_token"] is None
         run = await run_row(engine, task_id)
         assert run is not None and (run["status"], run["hook"]) == ("failed", "failure:failed")

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from repo_helpers import claim, scalar, task_row
 from repo_helpers import submit as store
+from sqlalchemy import text as sa_text
 
 from tasks_core.model import Status
 from tasks_core.submission import MAX_BATCH, InvalidTask, Submitted, Submitter, TaskIntent, validate
@@ -271,3 +272,29 @@ async def test_a_submission_holds_one_pooled_connection_at_a_time(
     assert all(isinstance(r, Submitted) and r.publish_error is None for r in batch)
     assert redis_client.llen(QUEUE) == 11
     assert unsent == 0
+
+
+async def test_each_type_travels_on_its_own_queue_at_submit_and_from_the_publisher(
+    services: Any, redis_client: Any
+) -> None:
+    """TaskSpec.queue routes a type's ids (submission and the publisher's re-send alike), so CPU-heavy
+    types can go to prefork workers that consume only their queue."""
+    from domains.diagnostics.tasks import SPECS
+    from tasks_core.publisher import publish_pending
+    from tasks_core.registry import Registry, TaskSpec
+
+    cpu_spec = TaskSpec("test.cpu", "domains.diagnostics.handlers:noop", queue="durable-cpu")
+    registry = Registry([*SPECS, cpu_spec])
+    svc = dataclasses.replace(services, registry=registry)
+    cpu = await Submitter(svc).submit(TaskIntent("test.cpu"))
+    await Submitter(svc).submit(VALID)
+    assert isinstance(cpu, Submitted) and cpu.publish_error is None
+    assert redis_client.llen("durable-cpu") == 1 and redis_client.llen(QUEUE) == 1
+    assert str(cpu.task_id) in redis_client.lindex("durable-cpu", 0).decode()
+
+    # Sent again by the publisher (a lost message): still on its own queue only.
+    async with svc.engine.begin() as conn:
+        await conn.execute(sa_text("UPDATE tasks SET last_published_at = NULL"))
+    redis_client.delete("durable-cpu", QUEUE)
+    await publish_pending(svc)
+    assert redis_client.llen("durable-cpu") == 1 and redis_client.llen(QUEUE) == 1

@@ -276,17 +276,15 @@ def _app_on(broker: str) -> Any:
 def rabbitmq_url() -> Iterator[str]:
     """A vhost of this test run's own on the machine's RabbitMQ (created and deleted through
     rabbitmqctl), so runs never share queues."""
+    from tasks_core.rabbitmq import PrivateVhost
+
     if shutil.which("rabbitmqctl") is None:
         pytest.skip("rabbitmqctl not found: RabbitMQ is not installed here")
-    vhost = f"dtask_test_{uuid.uuid4().hex[:10]}"
-    ctl = ["rabbitmqctl", "--quiet"]
-    subprocess.run([*ctl, "add_vhost", vhost], check=True, capture_output=True, timeout=60)
-    subprocess.run([*ctl, "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"], check=True,
-                   capture_output=True, timeout=60)
+    vhost = PrivateVhost(prefix="dtask_test")
     try:
-        yield f"amqp://guest:guest@127.0.0.1:5672/{vhost}"
+        yield vhost.create()
     finally:
-        subprocess.run([*ctl, "delete_vhost", vhost], capture_output=True, timeout=60)
+        vhost.delete()
 
 
 @pytest.fixture(params=["redis"])

@@ -242,17 +242,22 @@ def api(owned: Owned, tmp_path: Path) -> Iterator[str]:
     proc.wait(10)
 
 
-def call_every_route(base: str) -> dict[str, tuple[int, float]]:
+Answer = tuple[int, float, str | None]  # status, seconds, Retry-After
+
+
+def call_every_route(base: str) -> dict[str, Answer]:
     answers = {}
     with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {KEY}"}, timeout=10) as client:
         for method, path, body in ROUTES:
             started = time.monotonic()
             r = client.request(method, path, json=body)
-            answers[f"{method} {path}"] = (r.status_code, time.monotonic() - started)
+            answers[f"{method} {path}"] = (
+                r.status_code, time.monotonic() - started, r.headers.get("Retry-After")
+            )
     return answers
 
 
-def assert_answered(answers: dict[str, tuple[int, float]], allowed: set[int]) -> None:
+def assert_answered(answers: dict[str, Answer], allowed: set[int]) -> None:
     print("slowest answer: {:.2f} s ({})".format(*max((a[1], r) for r, a in answers.items())))
     slow = {route: a for route, a in answers.items() if a[1] > BOUND}
     assert not slow, f"routes slower than {BOUND} s: {slow}"
@@ -261,6 +266,9 @@ def assert_answered(answers: dict[str, tuple[int, float]], allowed: set[int]) ->
     bad = {route: a for route, a in answers.items() if a[0] not in allowed and route not in needless}
     assert not bad, f"unexpected answers: {bad}"
     assert answers["GET /healthz"][0] == 200
+    # A client told "unavailable" is also told when to come back (/readyz is a probe's verdict).
+    unhinted = {r: a for r, a in answers.items() if a[0] == 503 and not a[2] and r != "GET /readyz"}
+    assert not unhinted, f"503 without Retry-After: {unhinted}"
 
 
 @pytest.mark.parametrize("outage_kind", ["stopped", "paused"])

@@ -4,8 +4,8 @@ a real `celery worker` and beat.
 One test walks what an operator does: sign in, watch a submitted `diagnostics.sleep` move and end
 `success` without reloading, cancel another from its page and see it end `cancelled`; a second key
 sees none of it. Screenshots of every page land under the test's tmp dir; with
-``DTASK_UI_SCREENSHOTS=docs/screenshots`` the list and task pages are also written there (the
-README's images).
+``DTASK_UI_SCREENSHOTS=docs/screenshots`` the list, task and knowledge base pages are also written
+there (the README's images).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import pytest
 
 from tasks_core.embedded import free_port
 from tests.system.conftest import Cluster
+from tests.system.knowledge_pages import walk_knowledge_pages
 
 pytestmark = pytest.mark.system
 
@@ -235,6 +236,9 @@ async def test_dashboard_in_a_real_browser(
     assert answer is not None and answer.status == 404
     await other.screenshot(path=shots / "other-key-404.png")
 
+    # ---- the knowledge pages: files' states, live, linked to their tasks
+    await walk_knowledge_pages(browser, api, ALICE, watch, shots)
+
     # ---- signing out ends the session; a page open in another tab goes to sign-in by itself
     await page.goto(f"{api}/ui")
     assert await page.locator(f'nav a[href="{FLOWER_URL}"]').count() == 1
@@ -260,5 +264,5 @@ def _publish(shots: Path) -> None:
     target = os.environ.get("DTASK_UI_SCREENSHOTS")
     if target:
         Path(target).mkdir(parents=True, exist_ok=True)
-        for name in ("tasks.png", "task.png"):
+        for name in ("tasks.png", "task.png", "knowledge.png"):
             shutil.copy(shots / name, Path(target) / name)

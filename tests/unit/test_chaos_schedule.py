@@ -147,3 +147,32 @@ def test_the_replay_command_names_own_postgres() -> None:
 
     assert "--own-postgres" in CampaignConfig(seed=9, own_postgres=True).replay_command()
     assert "--own-postgres" not in CampaignConfig(seed=9).replay_command()
+
+
+def test_on_rabbitmq_the_broker_fault_is_the_vhost_outage_in_the_redis_restarts_place() -> None:
+    from tasks_core.chaos.campaign import CampaignConfig
+
+    on_redis = CampaignConfig(seed=21, fault_seconds=60).schedule()
+    on_rabbitmq = CampaignConfig(seed=21, fault_seconds=60, broker="rabbitmq").schedule()
+    assert any(e.kind == F.REDIS for e in on_redis)
+    assert [(e.at, e.duration, e.kind) for e in on_rabbitmq] == [
+        (e.at, e.duration, F.RABBITMQ if e.kind == F.REDIS else e.kind) for e in on_redis
+    ]
+    without = CampaignConfig(seed=21, fault_seconds=60, broker="rabbitmq", exclude=(F.RABBITMQ,)).schedule()
+    assert [e for e in on_rabbitmq if e.kind != F.RABBITMQ] == without
+
+
+def test_the_broker_option_takes_redis_rabbitmq_or_a_url_and_the_replay_names_it() -> None:
+    import typer
+
+    from tasks_core.chaos.campaign import CampaignConfig
+    from tasks_core.chaos.cli import chaos_command
+
+    app = typer.Typer()
+    app.command()(chaos_command)
+    bad = CliRunner().invoke(app, ["--broker", "kafka://127.0.0.1"])
+    assert bad.exit_code == 2 and "--broker takes redis, rabbitmq or an amqp:// URL" in bad.output, bad.output
+    assert "--broker rabbitmq" in CampaignConfig(seed=9, broker="rabbitmq").replay_command()
+    url = CampaignConfig(seed=9, broker="amqp://me:secret@127.0.0.1:5672/").replay_command()
+    assert "--broker amqp://me:***@127.0.0.1:5672/" in url and "secret" not in url
+    assert "--broker" not in CampaignConfig(seed=9).replay_command()
