@@ -125,8 +125,9 @@ def _terminate(proc: subprocess.Popen[bytes], *steps: tuple[signal.Signals, floa
 def _kill_group(pgid: int) -> None:
     """SIGKILL what is left of the process group of an exited server: our servers run in sessions
     of their own, so their groups hold nothing else."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+    from tasks_core.processes import signal_group
+
+    signal_group(pgid, signal.SIGKILL)
 
 
 def describe_exit(returncode: int) -> str:

@@ -5,38 +5,14 @@ at a server the machine runs for others.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
-from pathlib import Path
 
 from tasks_core.embedded import EmbeddedPostgres
+from tasks_core.processes import signal_tree
 
 _STOP_WAIT = 30.0
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and every live descendant (PostgreSQL's backends are children of its postmaster)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    tree, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        tree.append(current)
-        todo.extend(children.get(current, []))
-    return tree
-
-
-def signal_tree(pid: int, sig: int) -> None:
-    for member in process_tree(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(member, sig)
 
 
 def postmaster_pid(pg: EmbeddedPostgres) -> int:

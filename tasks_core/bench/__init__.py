@@ -6,4 +6,4 @@ machinery lives in ``common`` (databases, Redis, worker processes) and ``report`
 tables, JSON). Nothing here is imported by the runtime.
 """
 
-WORKLOADS = ("throughput", "latency", "recovery", "scale", "soak")
+WORKLOADS = ("throughput", "submit", "latency", "recovery", "scale", "soak", "density")

@@ -79,23 +79,26 @@ def throughput(
     pgbench_seconds: Annotated[float | None, _opt("pgbench -T per round (default 5)", 1)] = None,
     pgbench_clients: Annotated[list[int] | None, typer.Option(
         "--pgbench-clients", help="pgbench -c, repeatable (default 1 and the concurrency)")] = None,
+    peers: Annotated[bool | None, typer.Option(
+        "--peers/--no-peers", help="Procrastinate and arq variants, where installed (default on)")] = None,
     broker: Annotated[str | None, typer.Option(
         help="amqp://user:password@127.0.0.1:5672/ : carry the messages through a vhost of the run's own "
              "on this RabbitMQ (default: the run's Redis DB)")] = None,
     quick: Quick = False, rounds: Rounds = None, out: Out = None, admin_url: AdminUrl = None,
     redis_url: RedisUrl = None, redis_db: RedisDb = None, flush_redis: FlushRedis = False,
 ) -> None:
-    """No-op tasks/s: durable path vs plain Celery vs pgbench (a task's three commits).
+    """No-op tasks/s: durable path vs plain Celery vs peers vs pgbench (a task's three commits).
 
     The durable path runs at the default capacity and at capacity = worker concurrency; plain Celery
-    uses the same transport settings, broker, pool and concurrency.
+    uses the same transport settings, broker, pool and concurrency. Peers, where installed:
+    Procrastinate (`pip install -e .[bench]`) and arq (`scripts/bench-peers`).
     """
     from tasks_core.bench import throughput as workload
 
     _execute(workload, workload.ThroughputOptions, quick, out, dict(
         tasks=tasks, warmup=warmup, concurrency=concurrency, capacity=capacity,
         pgbench_seconds=pgbench_seconds, pgbench_clients=tuple(pgbench_clients) if pgbench_clients else None,
-        rounds=rounds, admin_url=admin_url, redis_url=redis_url, redis_db=redis_db,
+        peers=peers, rounds=rounds, admin_url=admin_url, redis_url=redis_url, redis_db=redis_db,
         flush_redis=flush_redis or None, broker=broker,
     ))
 
@@ -122,6 +125,29 @@ def latency(
         samples=samples, warmup=warmup, saturated_sleep=saturated_sleep, concurrency=concurrency,
         capacity=capacity, rounds=rounds, admin_url=admin_url, redis_url=redis_url, redis_db=redis_db,
         flush_redis=flush_redis or None,
+    ))
+
+
+@bench_app.command()
+def submit(
+    single: Annotated[int | None, _opt("intents submitted one by one per round (default 1000)", 1)] = None,
+    intents: Annotated[int | None, _opt("intents per batch round (default 10000)", 1)] = None,
+    clients: Annotated[int | None, _opt("concurrent HTTP clients (default 32)", 1)] = None,
+    http_requests: Annotated[int | None, _opt("GET /healthz, POST /tasks per round (3000)", 1)] = None,
+    http_batches: Annotated[int | None, _opt("POST /tasks/batch of 1,000 per round (default 64)", 1)] = None,
+    capacity: Capacity = None,
+    quick: Quick = False, rounds: Rounds = None, out: Out = None, admin_url: AdminUrl = None,
+    redis_url: RedisUrl = None, redis_db: RedisDb = None, flush_redis: FlushRedis = False,
+) -> None:
+    """Intents/s committed and made runnable: one by one vs batches of 100 and 1,000, in process and
+    over HTTP (one `dtask api`, no worker; ratios to its GET /healthz), beside Procrastinate's defers.
+    """
+    from tasks_core.bench import submit as workload
+
+    _execute(workload, workload.SubmitOptions, quick, out, dict(
+        single=single, intents=intents, clients=clients, http_requests=http_requests,
+        http_batches=http_batches, capacity=capacity, rounds=rounds, admin_url=admin_url,
+        redis_url=redis_url, redis_db=redis_db, flush_redis=flush_redis or None,
     ))
 
 

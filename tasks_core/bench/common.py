@@ -14,7 +14,6 @@ import importlib
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import tasks_core
+from tasks_core.processes import GroupProcess, process_tree, spawn
 from tasks_core.rabbitmq import PrivateVhost
 from tasks_core.settings import Settings
 
@@ -137,57 +137,17 @@ def redis_db_url(base: str, index: int) -> str:
     return urlunsplit((parts.scheme, parts.netloc, f"/{index}", parts.query, ""))
 
 
-def worker_pids(root_pid: int) -> list[int]:
-    """``root_pid`` and all its live descendants (from /proc), e.g. a worker and its pool children."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # Field 4 (ppid) follows the parenthesised command name, which may itself hold spaces.
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    out, todo = [], [root_pid]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
+# A worker and all its live descendants (pool children), for memory and victim look-ups.
+worker_pids = process_tree
 
 
 @dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-    argv: list[str]
+class Proc(GroupProcess):
+    argv: list[str] = field(default_factory=list)
     node: str | None = None  # a worker's Celery node name
 
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        try:
-            text_lines = self.log.read_text(errors="replace").splitlines()
-        except OSError:
-            return "(no log)"
-        return "\n".join(text_lines[-lines:])
-
-    def kill_group(self) -> None:
-        """SIGKILL the whole process group (main process and pool children) and reap it."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)  # started with start_new_session: pgid == pid
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(timeout=10)
+        return super().log_tail(lines)
 
 
 async def poll(
@@ -366,16 +326,10 @@ class BenchEnv:
 
     def spawn(self, name: str, argv: list[str], settings: Mapping[str, str], node: str | None = None) -> Proc:
         log = self.dir / f"{name}.log"
-        with log.open("ab") as out:
-            popen = subprocess.Popen(
-                argv, env=self.process_env(settings), stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                # Own session and process group: one killpg reaches the pool children too, and the
-                # terminal's Ctrl-C reaches only the bench, whose finally then kills the group.
-                start_new_session=True,
-                # Outside any checkout, so no developer .env is read.
-                cwd=self.dir,
-            )
+        # Own process group: one kill reaches the pool children too, and the terminal's Ctrl-C
+        # reaches only the bench, whose finally then kills the group. The scratch directory is
+        # outside any checkout, so no developer .env is read.
+        popen = spawn(argv, env=self.process_env(settings), log=log, cwd=self.dir)
         proc = Proc(name, popen, log, argv, node)
         self.procs.append(proc)
         return proc

@@ -10,7 +10,8 @@ submit-to-terminal is ``finished_at - created_at``. Variants, in alternating rou
 - ``saturated``: the whole capacity is full of ``diagnostics.sleep`` tasks of S seconds; then the
   no-ops are submitted together and WAIT FOR A FREE SLOT (their claim is refused, the relay hands
   them the slots when the sleeps end). This is capacity queueing by design, not transport delay:
-  expect about S.
+  expect about S. From the same rounds: the **relay hand-off**, from a task's terminal commit to the
+  claim of the next task in the freed slot (p50/p99; see ``_handoffs``).
 
 Each round starts a fresh worker (so leftover sleeps never leak into the next round) and warms it up.
 """
@@ -75,7 +76,9 @@ async def _run(opts: LatencyOptions) -> dict[str, Any]:
     }
     doc = Document("latency", public_options(opts), quick=opts.quick)
     rounds = Rounds(variants)
-    pooled: dict[str, dict[str, list[float]]] = {v: {"running": [], "terminal": []} for v in variants}
+    pooled: dict[str, dict[str, list[float]]] = {
+        v: {"running": [], "terminal": [], "handoff": []} for v in variants
+    }
     async with BenchEnv("latency", opts) as env:
         db_url = await env.create_database("latency")
         services = durable_services(env, db_url, capacity=opts.capacity)
@@ -83,9 +86,10 @@ async def _run(opts: LatencyOptions) -> dict[str, Any]:
         doc.settings.update(worker_env=effective_settings(settings), celery=env.celery_settings())
         try:
             for round_no, seq, name in alternate(list(variants), opts.rounds):
-                data, running, terminal = await _round(env, services, settings, opts, name)
+                data, running, terminal, handoffs = await _round(env, services, settings, opts, name)
                 pooled[name]["running"] += running
                 pooled[name]["terminal"] += terminal
+                pooled[name]["handoff"] += handoffs
                 rounds.add(name, round_no, seq, data)
         finally:
             await services.close()
@@ -94,6 +98,8 @@ async def _run(opts: LatencyOptions) -> dict[str, Any]:
             "submit_to_running_ms": summarize(pooled[name]["running"]),
             "submit_to_terminal_ms": summarize(pooled[name]["terminal"]),
         }
+    hand = summarize(pooled["saturated"]["handoff"])
+    rounds.extra["saturated"]["pooled"]["relay_handoff_ms"] = hand
     doc.data["variants"] = rounds.to_json()
     idle = rounds.extra["idle"]["pooled"]["submit_to_running_ms"].get("p50")
     for name in ("busy", "saturated"):
@@ -105,8 +111,13 @@ async def _run(opts: LatencyOptions) -> dict[str, Any]:
         end_ms = rounds.extra[name]["pooled"]["submit_to_terminal_ms"]
         rows.append([name, run_ms.get("p50"), run_ms.get("p99"), end_ms.get("p50"), end_ms.get("p99"),
                      run_ms.get("n")])
+    rows.append(["relay hand-off (saturated)", hand.get("p50"), hand.get("p99"), None, None, hand.get("n")])
+    doc.data["ratios"]["relay hand-off p99 / idle to running p99"] = ratio(
+        hand.get("p99"), rounds.extra["idle"]["pooled"]["submit_to_running_ms"].get("p99"))
     columns = ["variant", "to running p50", "to running p99", "to terminal p50", "to terminal p99", "samples"]
     doc.table("latency (ms, pooled over rounds)", columns, rows)
+    doc.note("relay hand-off = a terminal commit (finished_at) to the claim (started_at) of the task "
+             "that took the freed slot, while the capacity is full and a backlog waits")
     doc.note(f"saturated = waiting for one of {opts.capacity} slots held by {opts.saturated_sleep:g} s "
              "sleeps; compare it with the sleep length, not with idle")
     return doc.finish()
@@ -114,7 +125,7 @@ async def _run(opts: LatencyOptions) -> dict[str, Any]:
 
 async def _round(
     env: BenchEnv, services: Any, settings: dict[str, str], opts: LatencyOptions, variant: str
-) -> tuple[dict[str, Any], list[float], list[float]]:
+) -> tuple[dict[str, Any], list[float], list[float], list[float]]:
     engine = services.engine
     env.clear_queues()
     await reset_tables(engine)
@@ -133,7 +144,7 @@ async def _round(
             payload = {"seconds": opts.saturated_sleep, "steps": 1}
             sleeps = await submit(services, SLEEP, [payload] * opts.capacity)
             await wait_running(env, engine, sleeps, procs=[proc], within=within)
-        ids = []
+        ids: list[Any] = []
         if variant == "saturated":
             ids = await submit(services, NOOP, [{}] * opts.samples)
             await wait_terminal(env, engine, len(ids), procs=[proc], ids=ids, interval=0.02,
@@ -153,6 +164,9 @@ async def _round(
     running = [seconds(r["started_at"] - r["created_at"]) * 1000 for r in rows]
     terminal = [seconds(r["finished_at"] - r["created_at"]) * 1000 for r in rows]
     run_s, end_s = summarize(running), summarize(terminal)
+    handoffs: list[float] = []
+    if variant == "saturated":
+        handoffs = await _handoffs(engine, [*sleeps, *ids], opts.capacity)
     data = {
         "samples": len(rows),
         "succeeded": sum(r["status"] == "success" for r in rows),
@@ -160,4 +174,25 @@ async def _round(
         "to_terminal_p50_ms": end_s["p50"], "to_terminal_p99_ms": end_s["p99"],
         "worker_startup_seconds": startup,
     }
-    return data, running, terminal
+    if handoffs:
+        hand = summarize(handoffs)
+        data.update(handoff_p50_ms=hand["p50"], handoff_p99_ms=hand["p99"], handoff_max_ms=hand["max"],
+                    handoffs=len(handoffs))
+    return data, running, terminal, handoffs
+
+
+async def _handoffs(engine: Any, ids: list[Any], capacity: int) -> list[float]:
+    """Relay hand-off when saturated, in ms: terminal commit of a task -> claim of the next one.
+
+    With every slot full and a backlog waiting, the (capacity + k)-th claim can only follow the k-th
+    terminal transition that freed a slot (I5), so the k-th smallest ``finished_at`` is paired with
+    the (capacity + k)-th smallest ``started_at`` over all tasks of the round (sleeps and no-ops).
+    ``finished_at`` is written inside the terminal transaction, so each gap also holds that commit.
+    """
+    async with engine.connect() as conn:
+        rows = (await conn.execute(
+            text("SELECT started_at, finished_at FROM tasks WHERE id = ANY(:ids)"), {"ids": ids}
+        )).all()
+    starts = sorted(r.started_at for r in rows)
+    ends = sorted(r.finished_at for r in rows)
+    return [seconds(start - end) * 1000 for start, end in zip(starts[capacity:], ends, strict=False)]

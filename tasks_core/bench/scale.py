@@ -9,7 +9,9 @@ repository methods run in this process, each op timed on its own (median and p99
   diagnostics hook) of M fresh no-op tasks — these must stay flat as history grows;
 - ``publish``: ``TaskRepository.claim_for_publish`` of one publisher batch over the pending rows
   (the stamps it writes are reset between calls, so every call sees the same table);
-- ``summary``: the exact per-status counts of ``GET /tasks/summary``, which do read every row.
+- ``summary``: the per-status counts of ``GET /tasks/summary``;
+- ``view``: what ``GET /tasks/{id}`` reads for the newest pending task (the row and its
+  ``waiting_reason``, which must not count every older pending row).
 
 The M tasks are deleted after each round so both databases keep their size.
 """
@@ -33,7 +35,7 @@ from tasks_core.model import Status
 from tasks_core.registry import default_registry
 from tasks_core.repository import NewTask, TaskRepository
 
-OPS = ("insert", "claim", "finish", "publish", "summary")
+OPS = ("insert", "claim", "finish", "publish", "summary", "view")
 
 # Terminal history: mostly successes, some failures and cancellations, one per second going back,
 # each with its attempt and its diagnostics row, as the real path leaves them.
@@ -78,10 +80,12 @@ class ScaleOptions(CommonOptions):
     publish_calls: int = 50
     publish_batch: int = 500
     summary_calls: int = 5
+    view_calls: int = 50
 
 
 QUICK = {"history_small": 1_000, "history_large": 20_000, "pending_small": 100, "pending_large": 2_000,
-         "ops": 20, "publish_calls": 5, "publish_batch": 50, "summary_calls": 2, "rounds": 1}
+         "ops": 20, "publish_calls": 5, "publish_batch": 50, "summary_calls": 2, "view_calls": 5,
+         "rounds": 1}
 
 
 def run(opts: ScaleOptions) -> dict[str, Any]:
@@ -195,4 +199,17 @@ async def _round(
     for _ in range(opts.summary_calls):
         ms, _ = await _timed(repo.summary)
         times["summary"].append(ms)
+    async with repo.engine.connect() as conn:
+        newest = (await conn.execute(text(
+            "SELECT id FROM tasks WHERE status = 'pending' ORDER BY created_at DESC, id DESC LIMIT 1"
+        ))).scalar_one()
+
+    async def view() -> Any:
+        row = await repo.get(newest)
+        assert row is not None
+        return await repo.waiting_reason(row, 4)
+
+    for _ in range(opts.view_calls):
+        ms, _ = await _timed(view)
+        times["view"].append(ms)
     return times

@@ -22,13 +22,14 @@ the run's own there (made and deleted by the run); the result records which brok
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import text
 
-from tasks_core.bench import pgbench, plain_app
+from tasks_core.bench import peers, pgbench, plain_app
 from tasks_core.bench.common import (
     BenchEnv,
     CommonOptions,
@@ -60,6 +61,7 @@ class ThroughputOptions(CommonOptions):
     # Empty means 1, the worker concurrency (the fair comparison) and 8 (the design's reference).
     pgbench_clients: tuple[int, ...] = ()
     stall_seconds: float = 60.0
+    peers: bool = True  # Procrastinate and arq, where installed
     # None: the run's Redis DB carries the messages; an amqp:// URL: a vhost of the run's own there.
     broker: str | None = None
 
@@ -88,6 +90,22 @@ async def _run(opts: ThroughputOptions) -> dict[str, Any]:
         f"plain Celery no-op, same transport settings, prefork -c {opts.concurrency}, "
         "publish to last completion"
     )
+    # Peers on their natural stores, where installed; a missing one is a note, not an error.
+    pv = peers.procrastinate_version() if opts.peers else None
+    arq_python = peers.peers_python() if opts.peers else None
+    if pv is not None:
+        variants["procrastinate"] = (
+            f"procrastinate {pv} no-op, one worker process with --concurrency {opts.concurrency}, "
+            "batch_defer_async of 1,000 to last success (PostgreSQL clock)"
+        )
+    if arq_python is not None:
+        variants["arq"] = (
+            f"arq {peers.arq_version(arq_python)} no-op, one worker process with max_jobs={opts.concurrency} "
+            "(other settings at arq's defaults), Redis; first enqueue to last completion"
+        )
+    for missing, line in ((pv is None, peers.PROCRASTINATE_MISSING), (arq_python is None, peers.ARQ_MISSING)):
+        if opts.peers and missing:
+            print(f"dtask bench: {line}", file=sys.stderr)
     # Without pgbench the other variants still run; the ratios against it are then null.
     for c in clients if exe else ():
         variants[f"pgbench-c{c}"] = f"pgbench: insert + claim update + terminal update, {c} client(s)"
@@ -102,7 +120,10 @@ async def _run(opts: ThroughputOptions) -> dict[str, Any]:
             doc.settings["broker"] = {"kind": "rabbitmq", "url": masked(opts.broker), "vhost": vhost}
         db_url = await env.create_database("throughput")
         services = durable_services(env, db_url)
+        pq = peers.Procrastinate(db_url) if pv is not None else None
         try:
+            if pq is not None:
+                await pq.open()
             script = await pgbench.prepare(services.engine, env.dir)
             for round_no, seq, name in alternate(list(variants), opts.rounds):
                 if name.startswith("durable-cap"):
@@ -113,6 +134,20 @@ async def _run(opts: ThroughputOptions) -> dict[str, Any]:
                 elif name == "plain-celery":
                     data = await _plain_round(env, opts)
                     doc.settings["plain_worker_argv"] = data.pop("argv")
+                elif name == "procrastinate":
+                    assert pq is not None
+                    data = await pq.throughput_round(
+                        env, services.engine, tasks=opts.tasks, warmup=opts.warmup,
+                        concurrency=opts.concurrency, stall_seconds=opts.stall_seconds,
+                    )
+                    doc.settings["procrastinate_worker_argv"] = data.pop("argv")
+                elif name == "arq":
+                    assert arq_python is not None
+                    data = await peers.arq_round(
+                        env, arq_python, tasks=opts.tasks, warmup=opts.warmup,
+                        concurrency=opts.concurrency, stall_seconds=opts.stall_seconds,
+                    )
+                    doc.settings["arq_worker_argv"] = data.pop("argv")
                 else:
                     assert exe is not None
                     await pgbench.truncate(services.engine)
@@ -123,7 +158,13 @@ async def _run(opts: ThroughputOptions) -> dict[str, Any]:
                     doc.settings.setdefault("pgbench_argv", {})[name] = data.pop("argv")
                 rounds.add(name, round_no, seq, data)
         finally:
+            if pq is not None:
+                await pq.close()
             await services.close()
+    if opts.peers and pv is None:
+        doc.note(peers.PROCRASTINATE_MISSING)
+    if opts.peers and arq_python is None:
+        doc.note(peers.ARQ_MISSING)
     return _finish(doc, rounds, capacities, clients, opts.concurrency)
 
 
@@ -233,6 +274,10 @@ def _finish(
         durable = rounds.median(f"durable-cap{cap}", "tasks_per_s")
         doc.data["ratios"][f"durable-cap{cap} / plain-celery"] = ratio(durable, plain)
         doc.data["ratios"][f"durable-cap{cap} / pgbench-c{pg_best}"] = ratio(durable, pg)
+        for peer in ("procrastinate", "arq"):
+            if peer in rounds.rounds:
+                doc.data["ratios"][f"durable-cap{cap} / {peer}"] = ratio(
+                    durable, rounds.median(peer, "tasks_per_s"))
     rows = []
     for name in rounds.descriptions:
         m = rounds.medians(name)

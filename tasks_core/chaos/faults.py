@@ -12,13 +12,11 @@ worker's main process and all its pool children at once.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import glob
 import os
 import random
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -26,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import tasks_core
+from tasks_core.processes import GroupProcess, kill_group, spawn
 
 ROOT = Path(tasks_core.__file__).resolve().parent.parent
 
@@ -224,13 +223,10 @@ def faketime_library() -> str | None:
 
 
 @dataclass
-class Managed:
+class Managed(GroupProcess):
     """One real process: a worker (its main process and pool children share a process group) or beat."""
 
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-    started: float
+    started: float = 0.0
     node: str | None = None
     skewed: bool = False
     dense: bool = False  # the dense mode (--pool threads): every task on one event loop
@@ -239,33 +235,9 @@ class Managed:
     killed: bool = False  # by the campaign (an exit we caused)
     notes: list[str] = field(default_factory=list)
 
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def owns_pid(self, pid: int) -> bool:
-        """Whether ``pid`` is this process or one of its pool children (same process group)."""
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            return False
-        return int(fields[2]) == self.pid
-
-    def signal_group(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)  # own session: pgid == pid
-
     def kill(self) -> None:
         self.killed = True
-        self.signal_group(signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(timeout=10)
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
+        self.kill_group()
 
 
 class Processes:
@@ -290,11 +262,8 @@ class Processes:
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str], **kw: Any) -> Managed:
         log = self.logs / f"{name}.log"
-        with log.open("ab") as out:
-            popen = subprocess.Popen(
-                argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=self.workdir,  # no developer .env is read from here
-            )
+        # Own process group (one kill reaches the pool children); no developer .env is read from cwd.
+        popen = spawn(argv, env=env, log=log, cwd=self.workdir)
         proc = Managed(name, popen, log, time.monotonic(), **kw)
         self.all.append(proc)
         return proc
@@ -332,8 +301,7 @@ class Processes:
             proc.signal_group(signal.SIGCONT)
             proc.signal_group(signal.SIGKILL)
         for proc in self.all:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.popen.wait(timeout=10)
+            kill_group(proc.popen)
 
     def tail(self, proc: Managed, lines: int = 40) -> str:
-        return "\n".join(proc.log_text().splitlines()[-lines:])
+        return proc.log_tail(lines)

@@ -20,6 +20,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from tasks_core.bench import peers
 from tasks_core.bench.cli import bench_app
 
 EXPECTED_VARIANTS = {
@@ -30,18 +31,28 @@ EXPECTED_VARIANTS = {
     "scale": {"small", "large"},
     "soak": {"durable", "plain-celery"},
     "density": {"prefork-4", "dense-4", "prefork-noop", "dense-noop"},
+    "submit": {"inproc-single", "inproc-batch100", "inproc-batch1000", "http-healthz", "http-single",
+               "http-batch1000"},
+}
+# Peers join the throughput and submit runs where installed (the bench extra; scripts/bench-peers).
+PEER_VARIANTS = {
+    "throughput": {"procrastinate": peers.procrastinate_version, "arq": peers.peers_python},
+    "submit": {"procrastinate-single": peers.procrastinate_version,
+               "procrastinate-batch1000": peers.procrastinate_version},
 }
 # The headline number of each variant (a median across rounds) that must be positive.
 HEADLINE = {
     "throughput": ["tasks_per_s"],
     "latency": ["to_running_p50_ms", "to_running_p99_ms", "to_terminal_p50_ms"],
     "recovery": ["p50_recovery_seconds", "max_recovery_seconds", "bound_seconds"],
-    "scale": [f"{op}_median_ms" for op in ("insert", "claim", "finish", "publish", "summary")],
+    "scale": [f"{op}_median_ms" for op in ("insert", "claim", "finish", "publish", "summary", "view")],
     "soak": ["rss_start_mb", "rss_end_mb", "tasks_per_s"],
     "density": ["seconds_until_all_running", "running_rss_mb", "running_pss_mb", "pss_mb_per_task"],
+    "submit": ["seconds", "intents_per_s"],
     # A variant that measures something else names its own headline.
     "density:prefork-noop": ["tasks_per_s"],
     "density:dense-noop": ["tasks_per_s"],
+    "submit:http-healthz": ["seconds", "requests_per_s"],
 }
 
 
@@ -82,7 +93,8 @@ def check_shape(data: dict[str, Any], workload: str) -> None:
     assert data["machine"]["cpu_count"] == os.cpu_count()
     assert data["elapsed_seconds"] > 0
     assert data["settings"]["rounds"] == 1
-    assert set(data["variants"]) == EXPECTED_VARIANTS[workload]
+    installed = {name for name, probe in PEER_VARIANTS.get(workload, {}).items() if probe() is not None}
+    assert set(data["variants"]) == EXPECTED_VARIANTS[workload] | installed
     for name, variant in data["variants"].items():
         assert variant["description"]
         assert len(variant["rounds"]) == 1, name
@@ -103,6 +115,29 @@ def test_throughput(tmp_path: Path, redis_url: str) -> None:
     assert durable["succeeded"] == durable["tasks"] == data["settings"]["tasks"]
     assert data["settings"]["worker_settings"]["durable-cap2"]["env"]["capacity"] == 2
     assert data["settings"]["celery"]["worker_disable_prefetch"] is True
+    # A peer that is not installed is named in one line, and the run goes on without it.
+    for peer, missing in (("procrastinate", peers.PROCRASTINATE_MISSING), ("arq", peers.ARQ_MISSING)):
+        assert (missing in data["notes"]) == (peer not in data["variants"])
+        if peer in data["variants"]:
+            assert data["ratios"][f"durable-cap2 / {peer}"] > 0
+
+
+@pytest.mark.system
+def test_submit(tmp_path: Path, redis_url: str) -> None:
+    data = run_bench("submit", tmp_path, redis_url)
+    check_shape(data, "submit")
+    settings = data["settings"]
+    for name, variant in data["variants"].items():
+        one = variant["rounds"][0]
+        assert one["refused"] == one["failed"] == 0, (name, one)
+        if name.startswith("inproc"):
+            n = settings["single"] if name.endswith("single") else settings["intents"]
+            assert one["intents"] == one["pending_rows"] == n
+    batch = data["variants"]["http-batch1000"]["rounds"][0]
+    assert batch["intents"] == batch["pending_rows"] == settings["http_batches"] * 1000
+    single = data["variants"]["http-single"]["rounds"][0]
+    assert single["intents"] == single["pending_rows"] == settings["http_requests"]
+    assert data["ratios"]["http-single / http-healthz (requests/s)"] > 0
 
 
 @pytest.mark.system
@@ -114,6 +149,10 @@ def test_latency(tmp_path: Path, redis_url: str) -> None:
         assert pooled["n"] == data["settings"]["samples"]
         assert 0 < pooled["p50"] <= pooled["p99"]
         assert variant["rounds"][0]["succeeded"] == pooled["n"]
+    # one hand-off per no-op: each was claimed in a slot a finished task had freed
+    handoff = data["variants"]["saturated"]["pooled"]["relay_handoff_ms"]
+    assert handoff["n"] == data["settings"]["samples"]
+    assert 0 < handoff["p50"] <= handoff["p99"]
 
 
 @pytest.mark.system

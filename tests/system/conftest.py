@@ -13,7 +13,6 @@ under its node name; beat is ready when a reconcile it scheduled has written the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import signal
@@ -28,6 +27,8 @@ from typing import Any, TypeVar
 
 import pytest
 import redis as redis_sync
+
+from tasks_core.processes import GroupProcess, kill_group, spawn
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -71,47 +72,14 @@ async def wait_for(
 
 
 @dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-    node: str | None = None  # a worker's Celery node name
+class Proc(GroupProcess):
+    """A started process (tasks_core.processes does the signalling); a worker knows its node name."""
 
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def send(self, sig: int) -> None:
-        """Signal the main process only."""
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, sig)
+    node: str | None = None
 
     def killpg(self, sig: int = signal.SIGKILL) -> None:
         """Signal the whole process group: the main process and every pool child."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)  # started with start_new_session: pgid == pid
-
-    def wait_exit(self, timeout: float) -> int:
-        return self.popen.wait(timeout=timeout)
-
-    def group_members(self) -> list[int]:
-        """Live (non-zombie) processes still in this process's group: main and pool children."""
-        members = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                # pid (comm) state ppid pgrp ...; comm may contain spaces, so split after ')'.
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if int(fields[2]) == self.pid and fields[0] != "Z":
-                members.append(int(stat.parent.name))
-        return members
+        self.signal_group(sig)
 
 
 @dataclass
@@ -153,19 +121,10 @@ class Cluster:
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str], node: str | None = None) -> Proc:
         log = self.dir / f"{name}.log"
-        with log.open("ab") as out:
-            popen = subprocess.Popen(
-                argv,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                # Its own session and process group: killpg reaches the pool children too, and a
-                # signal meant for the test runner never reaches the workers.
-                start_new_session=True,
-                # Outside the checkout, so no developer .env is read; PYTHONPATH finds the code.
-                cwd=self.dir,
-            )
+        # Its own process group: killpg reaches the pool children too, and a signal meant for the
+        # test runner never reaches the workers. cwd is outside the checkout, so no developer .env
+        # is read; PYTHONPATH finds the code.
+        popen = spawn(argv, env=env, log=log, cwd=self.dir)
         proc = Proc(name, popen, log, node)
         self.procs.append(proc)
         return proc
@@ -287,8 +246,7 @@ class Cluster:
         for proc in self.procs:
             proc.killpg(signal.SIGKILL)
         for proc in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.popen.wait(timeout=10)
+            kill_group(proc.popen)
 
     def dump_logs(self) -> str:
         parts = []

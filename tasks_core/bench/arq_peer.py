@@ -1,0 +1,68 @@
+"""arq's side of the peer benchmark, run with the peers venv's python (arq pins redis<6).
+
+    python arq_peer.py worker       # an arq worker: max_jobs from $DTASK_BENCH_ARQ_MAX_JOBS, else defaults
+    python arq_peer.py enqueue N    # N no-op jobs through arq's client; prints {"started": time.time()}
+
+Redis from ``$DTASK_BENCH_ARQ_REDIS``. Imports only arq and the standard library, so it runs without
+the project installed. Each job counts itself and keeps the latest completion time in Redis (the same
+bookkeeping as the plain Celery baseline), which is how the bench knows when all N are done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from typing import Any
+
+DONE_KEY = "dtask:bench:arq:done"
+LAST_KEY = "dtask:bench:arq:last"
+_DONE_LUA = """
+redis.call('INCR', KEYS[1])
+local last = redis.call('GET', KEYS[2])
+if (not last) or tonumber(ARGV[1]) > tonumber(last) then redis.call('SET', KEYS[2], ARGV[1]) end
+return 1
+"""
+
+
+async def noop(ctx: dict[str, Any]) -> None:
+    await ctx["redis"].eval(_DONE_LUA, 2, DONE_KEY, LAST_KEY, repr(time.time()))
+
+
+def _redis_settings() -> Any:
+    from arq.connections import RedisSettings
+
+    return RedisSettings.from_dsn(os.environ["DTASK_BENCH_ARQ_REDIS"])
+
+
+async def _enqueue(n: int) -> None:
+    from arq import create_pool
+
+    pool = await create_pool(_redis_settings())
+    started = time.time()
+    for _ in range(n):
+        await pool.enqueue_job("noop")
+    await pool.aclose()
+    sys.stdout.write(json.dumps({"started": started}))
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["enqueue"]:
+        asyncio.run(_enqueue(int(argv[1])))
+    elif argv[:1] == ["worker"]:
+        from arq.worker import run_worker
+
+        class WorkerSettings:
+            functions = [noop]
+            redis_settings = _redis_settings()
+            max_jobs = int(os.environ.get("DTASK_BENCH_ARQ_MAX_JOBS", "10"))
+
+        run_worker(WorkerSettings)
+    else:
+        raise SystemExit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

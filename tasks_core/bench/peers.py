@@ -1,0 +1,214 @@
+"""Peer task queues, each on its natural store, for the same no-op work as the durable path.
+
+- **Procrastinate** (PostgreSQL only): installed into the project's venv by the ``bench`` extra
+  (``pip install -e .[bench]``). Its worker is ``procrastinate worker`` on
+  ``tasks_core.bench.procrastinate_app``; its schema goes into the run's temporary database.
+- **arq** (Redis): pins ``redis<6``, which conflicts with the ``redis`` this project runs on, so it
+  lives in a venv of its own made by ``scripts/bench-peers`` (``.venv-peers``, or
+  ``$DTASK_BENCH_PEERS_PYTHON``). Worker and enqueuer run there (``tasks_core/bench/arq_peer.py``
+  imports nothing but arq and the standard library).
+
+Where a peer is missing, the run says so in one line and goes on without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from tasks_core.bench.common import ROOT, BenchEnv, BenchError, Proc, db_now, poll, seconds
+
+PROCRASTINATE_MISSING = "procrastinate is not installed (pip install -e .[bench]): its variants were skipped"
+ARQ_MISSING = "arq is not installed (scripts/bench-peers makes .venv-peers): its variant was skipped"
+PEERS_PYTHON_ENV = "DTASK_BENCH_PEERS_PYTHON"
+PROCRASTINATE_DSN_ENV = "DTASK_BENCH_PROCRASTINATE_DSN"
+ARQ_SCRIPT = Path(__file__).with_name("arq_peer.py")
+
+
+def procrastinate_version() -> str | None:
+    try:
+        return importlib.metadata.version("procrastinate")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def libpq_dsn(sqlalchemy_url: str) -> str:
+    """The same database as a plain libpq URL (psycopg, pgbench)."""
+    return make_url(sqlalchemy_url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class Procrastinate:
+    """Procrastinate's app on the run's database: schema, defers, its worker, its clock."""
+
+    def __init__(self, db_url: str) -> None:
+        self.dsn = libpq_dsn(db_url)
+        os.environ[PROCRASTINATE_DSN_ENV] = self.dsn  # read by procrastinate_app at import
+        from tasks_core.bench import procrastinate_app
+
+        self.module = procrastinate_app
+        self.app = procrastinate_app.make_app(self.dsn)
+        self.task = self.app.tasks[procrastinate_app.NOOP]
+        self._schema = False
+
+    async def open(self) -> None:
+        await self.app.open_async()
+        if not self._schema:
+            await self.app.schema_manager.apply_schema_async()
+            self._schema = True
+
+    async def close(self) -> None:
+        await self.app.close_async()
+
+    async def truncate(self, engine: Any) -> None:
+        async with engine.begin() as conn:
+            await conn.execute(text("TRUNCATE procrastinate_jobs, procrastinate_workers CASCADE"))
+
+    async def defer_round(self, n: int, *, batch: int) -> dict[str, Any]:
+        """Defer ``n`` no-ops one by one (batch 1) or with ``batch_defer_async``; intents/s."""
+        started = time.perf_counter()
+        done = 0
+        while done < n:
+            size = min(batch, n - done)
+            if batch == 1:
+                await self.task.defer_async()
+            else:
+                await self.task.batch_defer_async(*({} for _ in range(size)))
+            done += size
+        elapsed = time.perf_counter() - started
+        return {"intents": n, "seconds": elapsed, "intents_per_s": n / elapsed, "refused": 0, "failed": 0}
+
+    def start_worker(self, env: BenchEnv, concurrency: int) -> Proc:
+        argv = [sys.executable, "-m", "procrastinate", "--app", "tasks_core.bench.procrastinate_app.app",
+                "worker", "--concurrency", str(concurrency), "--name", "bench"]
+        return env.spawn("procrastinate", argv, {PROCRASTINATE_DSN_ENV: self.dsn})
+
+    async def throughput_round(
+        self, env: BenchEnv, engine: Any, *, tasks: int, warmup: int, concurrency: int, stall_seconds: float
+    ) -> dict[str, Any]:
+        """Defer ``tasks`` no-ops in batches of 1,000 to a running worker; first defer -> last success."""
+        await self.truncate(engine)
+        proc = self.start_worker(env, concurrency)
+        try:
+            started = time.monotonic()
+            await poll(lambda: self._worker_registered(engine), within=60, interval=0.1,
+                       what="the procrastinate worker", check=lambda: env.check_alive(proc))
+            startup = time.monotonic() - started
+            if warmup:
+                await self.defer_round(warmup, batch=1000)
+                await self._wait_done(env, engine, warmup, proc, stall_seconds)
+            t0 = await db_now(engine)
+            await self.defer_round(tasks, batch=1000)
+            last = await self._wait_done(env, engine, warmup + tasks, proc, stall_seconds)
+        finally:
+            env.kill(proc)
+        elapsed = seconds(last - t0)
+        return {"tasks": tasks, "seconds": elapsed, "tasks_per_s": tasks / elapsed,
+                "worker_startup_seconds": startup, "argv": proc.argv}
+
+    async def _worker_registered(self, engine: Any) -> bool:
+        async with engine.connect() as conn:
+            return bool((await conn.execute(text("SELECT count(*) FROM procrastinate_workers"))).scalar_one())
+
+    async def _wait_done(self, env: BenchEnv, engine: Any, n: int, proc: Proc, stall_seconds: float) -> Any:
+        """Until ``n`` jobs succeeded; the time of the last success (PostgreSQL's clock)."""
+        last_count, last_change = -1, time.monotonic()
+        while True:
+            env.check_alive(proc)
+            async with engine.connect() as conn:
+                done, failed, last = (await conn.execute(text(
+                    "SELECT count(*) FILTER (WHERE type = 'succeeded'),"
+                    " count(*) FILTER (WHERE type = 'failed'),"
+                    " max(at) FILTER (WHERE type = 'succeeded') FROM procrastinate_events"
+                ))).one()
+            if failed:
+                raise BenchError(f"{failed} procrastinate jobs failed;\n{proc.log_tail()}")
+            if done >= n:
+                return last
+            if done != last_count:
+                last_count, last_change = done, time.monotonic()
+            elif time.monotonic() - last_change > stall_seconds:
+                raise BenchError(f"procrastinate: {done} of {n} done, stalled;\n{proc.log_tail()}")
+            await asyncio.sleep(0.05)
+
+
+# ------------------------------------------------------------------------------------------ arq
+
+
+def peers_python() -> str | None:
+    """The interpreter of the peers venv, if it has arq."""
+    candidate = os.environ.get(PEERS_PYTHON_ENV) or str(ROOT / ".venv-peers" / "bin" / "python")
+    if not Path(candidate).exists():
+        return None
+    probe = subprocess.run([candidate, "-c", "import arq, sys; sys.stdout.write(arq.VERSION)"],
+                           capture_output=True, text=True, timeout=60)
+    return candidate if probe.returncode == 0 else None
+
+
+def arq_version(python: str) -> str:
+    out = subprocess.run([python, "-c", "import arq, sys; sys.stdout.write(arq.VERSION)"],
+                         capture_output=True, text=True, timeout=60)
+    return out.stdout.strip()
+
+
+async def arq_round(
+    env: BenchEnv, python: str, *, tasks: int, warmup: int, concurrency: int, stall_seconds: float
+) -> dict[str, Any]:
+    """An ``arq`` worker (one process, ``max_jobs`` = concurrency, other settings at arq's defaults);
+    the bench enqueues through arq's own client, in the peers venv. First enqueue -> last completion."""
+    env.clear_queues()
+    for key in env.redis.scan_iter("arq:*"):  # a previous round's queue, results and health key
+        env.redis.delete(key)
+    settings = {"DTASK_BENCH_ARQ_REDIS": env.broker, "DTASK_BENCH_ARQ_MAX_JOBS": str(concurrency)}
+    argv = [python, str(ARQ_SCRIPT), "worker"]
+    proc = env.spawn("arq", argv, settings)
+    try:
+        started = time.monotonic()
+        await poll(lambda: _arq_ready(env), within=60, interval=0.1, what="the arq worker",
+                   check=lambda: env.check_alive(proc))
+        startup = time.monotonic() - started
+        if warmup:
+            await _arq_batch(env, python, settings, warmup, proc, stall_seconds)
+        t0, last = await _arq_batch(env, python, settings, tasks, proc, stall_seconds)
+    finally:
+        env.kill(proc)
+    elapsed = last - t0
+    return {"tasks": tasks, "seconds": elapsed, "tasks_per_s": tasks / elapsed,
+            "worker_startup_seconds": startup, "argv": argv}
+
+
+async def _arq_ready(env: BenchEnv) -> bool:
+    # arq's worker writes its health-check key once it polls the queue.
+    return any(True for _ in env.redis.scan_iter("arq:queue:health-check*"))
+
+
+async def _arq_batch(
+    env: BenchEnv, python: str, settings: dict[str, str], n: int, proc: Proc, stall_seconds: float
+) -> tuple[float, float]:
+    from tasks_core.bench.arq_peer import DONE_KEY, LAST_KEY
+
+    env.redis.delete(DONE_KEY, LAST_KEY)
+    enqueue = await asyncio.create_subprocess_exec(
+        python, str(ARQ_SCRIPT), "enqueue", str(n), env=env.process_env(settings),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=env.dir,
+    )
+    out, err = await enqueue.communicate()
+    if enqueue.returncode != 0:
+        raise BenchError(f"arq enqueue failed: {err.decode(errors='replace')[-2000:]}")
+    t0 = float(json.loads(out)["started"])
+
+    async def done() -> bool:
+        return int(env.redis.get(DONE_KEY) or 0) >= n
+
+    await poll(done, within=stall_seconds + n / 100, interval=0.02, what=f"{n} arq no-ops",
+               check=lambda: env.check_alive(proc))
+    return t0, float(env.redis.get(LAST_KEY) or 0)

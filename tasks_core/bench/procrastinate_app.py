@@ -1,0 +1,27 @@
+"""Procrastinate's side of the peer benchmark: one no-op task on the run's PostgreSQL.
+
+``procrastinate --app tasks_core.bench.procrastinate_app.app worker`` runs it; the database comes
+from ``$DTASK_BENCH_PROCRASTINATE_DSN`` (a libpq URL), set by the bench for its worker process.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import procrastinate
+
+NOOP = "bench_noop"
+
+
+def make_app(dsn: str) -> Any:
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
+
+    @app.task(name=NOOP)
+    async def noop() -> None:
+        return None
+
+    return app
+
+
+app = make_app(os.environ.get("DTASK_BENCH_PROCRASTINATE_DSN", ""))
