@@ -15,31 +15,17 @@ import os
 import time
 from typing import Annotated, Any
 
-import httpx
 import typer
+
+from domains.api_client import Api, Key, connect, ok
 
 cli = typer.Typer(
     no_args_is_help=True, add_completion=False, help="Evaluation datasets and runs over the dtask API."
 )
 
-Api = Annotated[str, typer.Option(envvar="DTASK_API_URL", help="the API's base URL")]
-Key = Annotated[str, typer.Option(envvar="DTASK_API_KEY", help="an API key's secret")]
 Watch = Annotated[bool, typer.Option("--watch", help="repeat until it has ended")]
 
 
-def _client(api: str, key: str) -> httpx.Client:
-    return httpx.Client(base_url=api, headers={"Authorization": f"Bearer {key}"}, timeout=60)
-
-
-def _ok(response: httpx.Response, *codes: int) -> Any:
-    if response.status_code not in codes:
-        typer.echo(
-            f"{response.request.method} {response.request.url.path}: {response.status_code} "
-            f"{response.text[:500]}",
-            err=True,
-        )
-        raise typer.Exit(1)
-    return response.json()
 
 
 def _dataset_line(d: dict[str, Any]) -> str:
@@ -60,8 +46,8 @@ def _run_line(r: dict[str, Any]) -> str:
 @cli.command()
 def generate(base_id: str, size: int, api: Api = "http://127.0.0.1:8000", key: Key = "") -> None:
     """Create a dataset of SIZE items drawn from the base (an evaluation.generate_dataset task)."""
-    with _client(api, key) as client:
-        body = _ok(client.post("/evaluation/datasets", json={"base_id": base_id, "size": size}), 202)
+    with connect(api, key) as client:
+        body = ok(client.post("/evaluation/datasets", json={"base_id": base_id, "size": size}), 202)
     typer.echo(body["id"])
     typer.echo(f"task {body['task_id']}", err=True)
 
@@ -69,9 +55,9 @@ def generate(base_id: str, size: int, api: Api = "http://127.0.0.1:8000", key: K
 @cli.command()
 def dataset(dataset_id: str, watch: Watch = False, api: Api = "http://127.0.0.1:8000", key: Key = "") -> None:
     """A dataset's status and item count (`--watch`: until it is no longer generating)."""
-    with _client(api, key) as client:
+    with connect(api, key) as client:
         while True:
-            d = _ok(client.get(f"/evaluation/datasets/{dataset_id}"), 200)
+            d = ok(client.get(f"/evaluation/datasets/{dataset_id}"), 200)
             typer.echo(_dataset_line(d))
             if not watch or d["status"] != "generating":
                 break
@@ -81,8 +67,8 @@ def dataset(dataset_id: str, watch: Watch = False, api: Api = "http://127.0.0.1:
 @cli.command()
 def resume(dataset_id: str, api: Api = "http://127.0.0.1:8000", key: Key = "") -> None:
     """Continue a failed or cancelled dataset from its persisted items; prints the new task id."""
-    with _client(api, key) as client:
-        typer.echo(_ok(client.post(f"/evaluation/datasets/{dataset_id}/resume"), 202)["task_id"])
+    with connect(api, key) as client:
+        typer.echo(ok(client.post(f"/evaluation/datasets/{dataset_id}/resume"), 202)["task_id"])
 
 
 @cli.command()
@@ -96,8 +82,8 @@ def run(
 ) -> None:
     """Evaluate retrieval on the base with the dataset's questions; prints the run id (and, with
     `--watch`, its metrics once it ends)."""
-    with _client(api, key) as client:
-        body = _ok(
+    with connect(api, key) as client:
+        body = ok(
             client.post(
                 "/evaluation/runs", json={"dataset_id": dataset_id, "base_id": base_id, "top_k": top_k}
             ),
@@ -105,7 +91,7 @@ def run(
         )
         typer.echo(body["id"])
         while watch:
-            r = _ok(client.get(f"/evaluation/runs/{body['id']}"), 200)
+            r = ok(client.get(f"/evaluation/runs/{body['id']}"), 200)
             if r["status"] != "running":
                 typer.echo(_run_line(r))
                 break
@@ -115,8 +101,8 @@ def run(
 @cli.command("show-run")
 def show_run(run_id: str, api: Api = "http://127.0.0.1:8000", key: Key = "") -> None:
     """A run's status, progress and metrics."""
-    with _client(api, key) as client:
-        typer.echo(_run_line(_ok(client.get(f"/evaluation/runs/{run_id}"), 200)))
+    with connect(api, key) as client:
+        typer.echo(_run_line(ok(client.get(f"/evaluation/runs/{run_id}"), 200)))
 
 
 if __name__ == "__main__":

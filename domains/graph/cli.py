@@ -12,33 +12,19 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Annotated, Any
+from typing import Annotated
 
-import httpx
 import typer
+
+from domains.api_client import Api, Key, connect, ok
 
 cli = typer.Typer(
     no_args_is_help=True, add_completion=False, help="Knowledge graphs over the dtask HTTP API."
 )
 TERMINAL = {"success", "failed", "cancelled"}
 
-Api = Annotated[str, typer.Option(envvar="DTASK_API_URL", help="the API's base URL")]
-Key = Annotated[str, typer.Option(envvar="DTASK_API_KEY", help="an API key's secret")]
 
 
-def _client(api: str, key: str) -> httpx.Client:
-    return httpx.Client(base_url=api, headers={"Authorization": f"Bearer {key}"}, timeout=60)
-
-
-def _ok(response: httpx.Response, *codes: int) -> Any:
-    if response.status_code not in codes:
-        typer.echo(
-            f"{response.request.method} {response.request.url.path}: {response.status_code} "
-            f"{response.text[:500]}",
-            err=True,
-        )
-        raise typer.Exit(1)
-    return response.json()
 
 
 @cli.command()
@@ -49,13 +35,13 @@ def build(
     key: Key = "",
 ) -> None:
     """Build the base's graph (or join the build under way); prints the task id."""
-    with _client(api, key) as client:
-        ref = _ok(client.post(f"/graph/{base_id}/build"), 202)
+    with connect(api, key) as client:
+        ref = ok(client.post(f"/graph/{base_id}/build"), 202)
         typer.echo(ref["task_id"])
         if ref["deduplicated"]:
             typer.echo("a build of this base was already under way: following it", err=True)
         while wait:
-            task = _ok(client.get(f"/tasks/{ref['task_id']}"), 200)
+            task = ok(client.get(f"/tasks/{ref['task_id']}"), 200)
             if task["status"] in TERMINAL:
                 detail = task["error"]["message"] if task["error"] else f"{task['result']['chunks']} chunks"
                 typer.echo(f"{task['status']}: {detail}", err=True)
@@ -73,8 +59,8 @@ def entities(
     key: Key = "",
 ) -> None:
     """The most mentioned entities: mentions, chunks, name."""
-    with _client(api, key) as client:
-        page = _ok(client.get(f"/graph/{base_id}/entities", params={"limit": limit}), 200)
+    with connect(api, key) as client:
+        page = ok(client.get(f"/graph/{base_id}/entities", params={"limit": limit}), 200)
     for e in page["items"]:
         typer.echo(f"{e['mentions']:>7} {e['chunks']:>7}  {e['name']}")
 
@@ -88,8 +74,8 @@ def neighbors(
     key: Key = "",
 ) -> None:
     """The entities sharing most chunks with ENTITY: weight, name."""
-    with _client(api, key) as client:
-        body = _ok(client.get(f"/graph/{base_id}/neighbors", params={"entity": entity, "limit": limit}), 200)
+    with connect(api, key) as client:
+        body = ok(client.get(f"/graph/{base_id}/neighbors", params={"entity": entity, "limit": limit}), 200)
     for n in body["neighbors"]:
         typer.echo(f"{n['weight']:>7}  {n['name']}")
 

@@ -21,42 +21,28 @@ from typing import Annotated, Any
 import httpx
 import typer
 
+from domains.api_client import Api, Key, connect, ok
 from domains.knowledge.parsing import file_type_of
 
 cli = typer.Typer(no_args_is_help=True, add_completion=False, help="Knowledge bases over the dtask HTTP API.")
 IN_PROGRESS = {"uploaded", "parsing", "parsed", "indexing"}
 
-Api = Annotated[str, typer.Option(envvar="DTASK_API_URL", help="the API's base URL")]
-Key = Annotated[str, typer.Option(envvar="DTASK_API_KEY", help="an API key's secret")]
 
 
-def _client(api: str, key: str) -> httpx.Client:
-    return httpx.Client(base_url=api, headers={"Authorization": f"Bearer {key}"}, timeout=300)
-
-
-def _ok(response: httpx.Response, *codes: int) -> Any:
-    if response.status_code not in codes:
-        typer.echo(
-            f"{response.request.method} {response.request.url.path}: {response.status_code} "
-            f"{response.text[:500]}",
-            err=True,
-        )
-        raise typer.Exit(1)
-    return response.json() if response.content else None
 
 
 @cli.command("create-base")
 def create_base(name: str, api: Api = "http://127.0.0.1:8000", key: Key = "") -> None:
     """Create a base; prints its id."""
-    with _client(api, key) as client:
-        typer.echo(_ok(client.post("/knowledge/bases", json={"name": name}), 201)["id"])
+    with connect(api, key, timeout=300) as client:
+        typer.echo(ok(client.post("/knowledge/bases", json={"name": name}), 201)["id"])
 
 
 @cli.command()
 def bases(api: Api = "http://127.0.0.1:8000", key: Key = "") -> None:
     """Your bases, with their files by status."""
-    with _client(api, key) as client:
-        for base in _ok(client.get("/knowledge/bases"), 200)["items"]:
+    with connect(api, key, timeout=300) as client:
+        for base in ok(client.get("/knowledge/bases"), 200)["items"]:
             counts = ", ".join(f"{n} {s}" for s, n in sorted(base["file_counts"].items())) or "no files"
             typer.echo(f"{base['id']}  {base['name']:<24} {counts}")
 
@@ -84,11 +70,11 @@ def upload(
     found, skipped = _documents(paths)
     for path in skipped:
         typer.echo(f"skipped (not .txt/.md/.html/.pdf): {path}", err=True)
-    with _client(api, key) as client:
+    with connect(api, key, timeout=300) as client:
         for start in range(0, len(found), batch):
             group = found[start : start + batch]
             parts = [("files", (p.name, p.read_bytes(), "application/octet-stream")) for p in group]
-            body = _ok(client.post(f"/knowledge/bases/{base_id}/files", files=parts), 202)
+            body = ok(client.post(f"/knowledge/bases/{base_id}/files", files=parts), 202)
             for entry in body["files"]:
                 typer.echo(f"{entry['id']}  {entry['status']:<9} {entry['filename']}")
     typer.echo(f"uploaded {len(found)} files", err=True)
@@ -99,7 +85,7 @@ def _all_files(client: httpx.Client, base_id: str) -> list[dict[str, Any]]:
     cursor: str | None = None
     while True:
         params: dict[str, Any] = {"limit": 1000, **({"cursor": cursor} if cursor else {})}
-        page = _ok(client.get(f"/knowledge/bases/{base_id}/files", params=params), 200)
+        page = ok(client.get(f"/knowledge/bases/{base_id}/files", params=params), 200)
         items += page["items"]
         cursor = page["next_cursor"]
         if not cursor:
@@ -114,7 +100,7 @@ def files(
     key: Key = "",
 ) -> None:
     """Files of a base by status (errors with their messages)."""
-    with _client(api, key) as client:
+    with connect(api, key, timeout=300) as client:
         while True:
             items = _all_files(client, base_id)
             counts = Counter(f["status"] for f in items)
@@ -136,8 +122,8 @@ def search(
     key: Key = "",
 ) -> None:
     """The chunks most similar to QUERY."""
-    with _client(api, key) as client:
-        hits = _ok(
+    with connect(api, key, timeout=300) as client:
+        hits = ok(
             client.post(f"/knowledge/bases/{base_id}/search", json={"query": query, "top_k": top_k}), 200
         )
     for hit in hits["hits"]:
