@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +16,6 @@ from typing import Any
 import pytest
 import redis
 import schemathesis
-import uvicorn
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -30,6 +27,7 @@ from schemathesis.specs.openapi.checks import (
 from app.main import create_app
 from tasks_core.readiness import READINESS_KEY
 from tests.conftest import make_settings
+from tests.live_api import serve
 
 KEYS = "fuzz:fuzz-secret-012345678,other:other-secret-01234567"
 HEADERS = {"Authorization": "Bearer fuzz-secret-012345678"}
@@ -38,21 +36,8 @@ HEADERS = {"Authorization": "Bearer fuzz-secret-012345678"}
 @pytest.fixture(scope="module")
 def live_api(knowledge_stores: dict[str, str]) -> Iterator[str]:
     # With real Milvus and S3 configured, the /knowledge routes are fuzzed too (not just their 503).
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    app = create_app(settings=make_settings(api_keys=KEYS, diagnostics="all"))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with serve(create_app(settings=make_settings(api_keys=KEYS, diagnostics="all"))) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

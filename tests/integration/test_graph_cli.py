@@ -4,13 +4,9 @@ a loopback port); the build runs in this process through the real runtime."""
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
-import time
 from collections.abc import Iterator
 
 import pytest
-import uvicorn
 from typer.testing import CliRunner, Result
 
 from domains.graph.cli import cli
@@ -18,6 +14,7 @@ from tasks_core.services import build_services
 from tests.conftest import make_settings
 from tests.graph_helpers import make_base
 from tests.knowledge_helpers import KEYS, run_pending, scalar
+from tests.live_api import serve
 
 pytestmark = pytest.mark.usefixtures("clean_db")
 SECRET = "alice-secret-0123456"
@@ -27,26 +24,8 @@ SECRET = "alice-secret-0123456"
 def live_api() -> Iterator[str]:
     from app.main import create_app
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(settings=make_settings(api_keys=KEYS)),
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with serve(create_app(settings=make_settings(api_keys=KEYS))) as url:
+        yield url
 
 
 async def test_build_then_browse_from_the_shell(live_api: str) -> None:
