@@ -113,11 +113,22 @@ class Procrastinate:
                 "worker_startup_seconds": startup, "argv": proc.argv}
 
     async def wait_ready(self, env: BenchEnv, engine: Any, proc: Proc) -> float:
-        """Seconds until the worker has registered itself (it then listens for jobs)."""
+        """Seconds until the worker has registered itself and LISTENs for new jobs: it registers
+        first, and a defer before its LISTEN waits for the 5 s poll instead of the notification."""
         started = time.monotonic()
         await poll(lambda: self._worker_registered(engine), within=60, interval=0.1,
                    what="the procrastinate worker", check=lambda: env.check_alive(proc))
+        await poll(lambda: self._listening(engine), within=60, interval=0.05,
+                   what="the procrastinate worker's LISTEN", check=lambda: env.check_alive(proc))
         return time.monotonic() - started
+
+    async def _listening(self, engine: Any) -> bool:
+        # Only this run's worker connects to this database with a LISTEN (the bench's own pool
+        # defers); a previous round's worker is SIGKILLed, so its backend is gone by now.
+        async with engine.connect() as conn:
+            return bool((await conn.execute(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND query LIKE 'LISTEN %procrastinate%'"))).scalar_one())
 
     async def defer_sleeps(self, n: int, seconds: float) -> None:
         """``n`` jobs that each sleep ``seconds`` (`dtask bench density`), in one batch."""
