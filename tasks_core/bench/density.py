@@ -197,6 +197,10 @@ async def _round(
 async def _procrastinate_round(
     env: BenchEnv, services: Any, pq: peers.Procrastinate, opts: DensityOptions, n: int
 ) -> dict[str, Any]:
+    # The Celery rounds' reset_tables terminates every session on the database, the bench's own
+    # Procrastinate pool's too: a defer on those dead connections stalled for seconds. Reconnect.
+    await pq.close()
+    await pq.open()
     await pq.truncate(services.engine)
     proc = pq.start_worker(env, n)
     try:
