@@ -289,15 +289,18 @@ def _finish(doc: Document, rounds: Rounds, opts: DensityOptions) -> dict[str, An
                 doc.data["ratios"][f"{other}-{n} / dense-{n} (PSS per task)"] = ratio(
                     rounds.medians(f"{other}-{n}").get("pss_mb_per_task"), dense.get("pss_mb_per_task")
                 )
-    # Memory per *extra* task in the dense mode, between the smallest and the largest size.
+    # Memory per *extra* task in the dense mode and each peer, between the smallest and the largest size.
     small, large = min(opts.sizes), max(opts.sizes)
-    lo, hi = rounds.medians(f"dense-{small}"), rounds.medians(f"dense-{large}")
-    if lo.get("running_rss_mb") is not None and hi.get("running_rss_mb") is not None and large > small:
+    for mode in ("dense", *PEERS):
+        if f"{mode}-{small}" not in rounds.rounds:
+            continue
+        lo, hi = rounds.medians(f"{mode}-{small}"), rounds.medians(f"{mode}-{large}")
+        if lo.get("running_rss_mb") is None or hi.get("running_rss_mb") is None or large == small:
+            continue
         # A difference, not a ratio (noise can make it slightly negative at quick sizes).
         per_task = (hi["running_rss_mb"] - lo["running_rss_mb"]) / (large - small)
-        doc.data["dense_rss_mb_per_extra_task"] = per_task
-        doc.note(f"dense: {doc.data['dense_rss_mb_per_extra_task']:.3f} MiB RSS per extra running task "
-                 f"(between {small} and {large})")
+        doc.data[f"{mode}_rss_mb_per_extra_task"] = per_task
+        doc.note(f"{mode}: {per_task:.3f} MiB RSS per extra running task (between {small} and {large})")
     dense_noop, prefork_noop = rounds.medians("dense-noop"), rounds.medians("prefork-noop")
     doc.data["ratios"]["dense-noop / prefork-noop (tasks/s)"] = ratio(
         dense_noop.get("tasks_per_s"), prefork_noop.get("tasks_per_s")
