@@ -2,6 +2,7 @@
 
     python arq_peer.py worker       # an arq worker: max_jobs from $DTASK_BENCH_ARQ_MAX_JOBS, else defaults
     python arq_peer.py enqueue N    # N no-op jobs through arq's client; prints {"started": time.time()}
+    python arq_peer.py enqueue N S  # N jobs that each count their start, then sleep S seconds (density)
 
 Redis from ``$DTASK_BENCH_ARQ_REDIS``. Imports only arq and the standard library, so it runs without
 the project installed. Each job counts itself and keeps the latest completion time in Redis (the same
@@ -19,6 +20,7 @@ from typing import Any
 
 DONE_KEY = "dtask:bench:arq:done"
 LAST_KEY = "dtask:bench:arq:last"
+STARTED_KEY = "dtask:bench:arq:started"
 _DONE_LUA = """
 redis.call('INCR', KEYS[1])
 local last = redis.call('GET', KEYS[2])
@@ -31,31 +33,39 @@ async def noop(ctx: dict[str, Any]) -> None:
     await ctx["redis"].eval(_DONE_LUA, 2, DONE_KEY, LAST_KEY, repr(time.time()))
 
 
+async def sleep(ctx: dict[str, Any], seconds: float) -> None:
+    await ctx["redis"].incr(STARTED_KEY)
+    await asyncio.sleep(seconds)
+
+
 def _redis_settings() -> Any:
     from arq.connections import RedisSettings
 
     return RedisSettings.from_dsn(os.environ["DTASK_BENCH_ARQ_REDIS"])
 
 
-async def _enqueue(n: int) -> None:
+async def _enqueue(n: int, sleep_seconds: float | None) -> None:
     from arq import create_pool
 
     pool = await create_pool(_redis_settings())
     started = time.time()
     for _ in range(n):
-        await pool.enqueue_job("noop")
+        if sleep_seconds is None:
+            await pool.enqueue_job("noop")
+        else:
+            await pool.enqueue_job("sleep", sleep_seconds)
     await pool.aclose()
     sys.stdout.write(json.dumps({"started": started}))
 
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["enqueue"]:
-        asyncio.run(_enqueue(int(argv[1])))
+        asyncio.run(_enqueue(int(argv[1]), float(argv[2]) if len(argv) > 2 else None))
     elif argv[:1] == ["worker"]:
         from arq.worker import run_worker
 
         class WorkerSettings:
-            functions = [noop]
+            functions = [noop, sleep]
             redis_settings = _redis_settings()
             max_jobs = int(os.environ.get("DTASK_BENCH_ARQ_MAX_JOBS", "10"))
 

@@ -241,7 +241,7 @@ def density(
 
     The dense mode (`dtask worker --pool threads`) runs every task on one process's event loop; the
     result gives MiB per extra running task and the prefork/dense ratio, and each mode's no-op
-    throughput at the same concurrency.
+    throughput at the same concurrency. Procrastinate and arq (where installed) run the same sleeps.
     """
     from tasks_core.bench import density as workload
 

@@ -11,11 +11,17 @@ and the seconds from the submission until all N are running. The modes alternate
 Beside them, ``prefork-noop`` and ``dense-noop`` drain ``noop_tasks`` no-ops through each mode at the
 same concurrency and capacity (``noop_concurrency``): the dense mode must not buy its memory with
 throughput.
+
+Peers, where installed (as in `dtask bench throughput`): ``procrastinate-N`` and ``arq-N`` run N jobs
+that each ``asyncio.sleep`` for the same time on one worker process with concurrency N, measured the
+same way (the worker's memory with the same function; seconds from the first defer/enqueue until all
+N have started: Procrastinate's jobs in status ``doing``, arq's jobs counting their start in Redis).
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,10 +29,13 @@ from typing import Any
 
 from sqlalchemy import text
 
+from tasks_core.bench import peers
 from tasks_core.bench.common import (
     BenchEnv,
     CommonOptions,
+    Proc,
     durable_services,
+    poll,
     public_options,
     reset_tables,
     submit,
@@ -38,6 +47,7 @@ from tasks_core.bench.throughput import ThroughputOptions, durable_round
 
 SLEEP = "diagnostics.sleep"
 MODES = {"prefork": "prefork", "dense": "threads"}
+PEERS = ("procrastinate", "arq")
 
 
 @dataclass
@@ -103,6 +113,19 @@ async def _run(opts: DensityOptions) -> dict[str, Any]:
             f"{opts.noop_tasks} diagnostics.noop on one worker, --pool {pool} -c {opts.noop_concurrency}, "
             f"capacity {opts.noop_concurrency}"
         )
+    # Peers on their natural stores, where installed; a missing one is a note, not an error.
+    pv = peers.procrastinate_version()
+    arq_python = peers.peers_python()
+    arq_v = peers.arq_version(arq_python) if arq_python is not None else None
+    for n in opts.sizes:
+        if pv is not None:
+            variants[f"procrastinate-{n}"] = (
+                f"procrastinate {pv}: {n} concurrent asyncio.sleep jobs on one worker process with "
+                f"--concurrency {n}; batch defer until all are `doing`")
+        if arq_v is not None:
+            variants[f"arq-{n}"] = (
+                f"arq {arq_v}: {n} concurrent asyncio.sleep jobs on one worker process with max_jobs={n}; "
+                "first enqueue until all have started")
     doc = Document("density", {**public_options(opts), "sizes": list(opts.sizes)}, quick=opts.quick)
     async with BenchEnv("density", opts) as env:
         db_url = await env.create_database("density")
@@ -117,10 +140,21 @@ async def _run(opts: DensityOptions) -> dict[str, Any]:
                 doc.note(f"prefork-{size} not run: {size + 2} children need about {need} database "
                          f"connections, the server has {free} free (max_connections)")
         rounds = Rounds(variants)
+        pq = peers.Procrastinate(db_url) if pv is not None else None
         try:
+            if pq is not None:
+                await pq.open()
             for round_no, seq, name in alternate(list(variants), opts.rounds):
                 mode, size_text = name.rsplit("-", 1)
-                if size_text == "noop":
+                if mode == "procrastinate":
+                    assert pq is not None
+                    data = await _procrastinate_round(env, services, pq, opts, int(size_text))
+                    doc.settings.setdefault("worker_argv", {})[name] = data.pop("argv")
+                elif mode == "arq":
+                    assert arq_python is not None
+                    data = await _arq_round(env, arq_python, opts, int(size_text))
+                    doc.settings.setdefault("worker_argv", {})[name] = data.pop("argv")
+                elif size_text == "noop":
                     data = await _noop_round(env, services, db_url, opts, MODES[mode])
                     doc.settings.setdefault("worker_argv", {})[name] = data.pop("settings")["argv"]
                 else:
@@ -128,7 +162,13 @@ async def _run(opts: DensityOptions) -> dict[str, Any]:
                     doc.settings.setdefault("worker_argv", {})[name] = data.pop("argv")
                 rounds.add(name, round_no, seq, data)
         finally:
+            if pq is not None:
+                await pq.close()
             await services.close()
+    for missing, line in ((pv is None, peers.PROCRASTINATE_MISSING), (arq_python is None, peers.ARQ_MISSING)):
+        if missing:
+            print(f"dtask bench: {line}", file=sys.stderr)
+            doc.note(line)
     return _finish(doc, rounds, opts)
 
 
@@ -151,6 +191,64 @@ async def _round(
         busy = memory_mb(proc.popen.pid)
     finally:
         env.kill(proc)
+    return _sleeps_result(n, to_running, idle, busy, startup, proc)
+
+
+async def _procrastinate_round(
+    env: BenchEnv, services: Any, pq: peers.Procrastinate, opts: DensityOptions, n: int
+) -> dict[str, Any]:
+    # The Celery rounds' reset_tables terminates every session on the database, the bench's own
+    # Procrastinate pool's too: a defer on those dead connections stalled for seconds. Reconnect.
+    await pq.close()
+    await pq.open()
+    await pq.truncate(services.engine)
+    proc = pq.start_worker(env, n)
+    try:
+        startup = await pq.wait_ready(env, services.engine, proc)
+        await asyncio.sleep(1.0)  # as for the Celery workers: settle before the idle reading
+        idle = memory_mb(proc.popen.pid)
+        started = time.monotonic()
+        await pq.defer_sleeps(n, opts.sleep_seconds)
+
+        async def all_running() -> bool:
+            return await pq.running(services.engine) >= n
+
+        await poll(all_running, within=opts.stall_seconds, interval=0.02, what=f"{n} procrastinate sleeps",
+                   check=lambda: env.check_alive(proc))
+        to_running = time.monotonic() - started
+        busy = memory_mb(proc.popen.pid)
+    finally:
+        env.kill(proc)
+    return _sleeps_result(n, to_running, idle, busy, startup, proc)
+
+
+async def _arq_round(env: BenchEnv, python: str, opts: DensityOptions, n: int) -> dict[str, Any]:
+    from tasks_core.bench.arq_peer import STARTED_KEY
+
+    proc, settings = peers.start_arq_worker(env, python, n)
+    try:
+        startup = await peers.wait_arq_ready(env, proc)
+        await asyncio.sleep(1.0)
+        idle = memory_mb(proc.popen.pid)
+        env.redis.delete(STARTED_KEY)
+        # The enqueuer reports when it began (wall clock), so its interpreter start is not counted.
+        started = await peers.arq_enqueue(env, python, settings, str(n), repr(opts.sleep_seconds))
+
+        async def all_started() -> bool:
+            return int(env.redis.get(STARTED_KEY) or 0) >= n
+
+        await poll(all_started, within=opts.stall_seconds, interval=0.02, what=f"{n} arq sleeps",
+                   check=lambda: env.check_alive(proc))
+        to_running = time.time() - started
+        busy = memory_mb(proc.popen.pid)
+    finally:
+        env.kill(proc)
+    return _sleeps_result(n, to_running, idle, busy, startup, proc)
+
+
+def _sleeps_result(
+    n: int, to_running: float, idle: dict[str, float], busy: dict[str, float], startup: float, proc: Proc
+) -> dict[str, Any]:
     return {
         "tasks": n,
         "seconds_until_all_running": to_running,
@@ -177,7 +275,7 @@ def _finish(doc: Document, rounds: Rounds, opts: DensityOptions) -> dict[str, An
     doc.data["variants"] = rounds.to_json()
     rows = []
     for n in opts.sizes:
-        for mode in MODES:
+        for mode in (*MODES, *PEERS):
             if f"{mode}-{n}" not in rounds.rounds:
                 continue
             m = rounds.medians(f"{mode}-{n}")
@@ -185,21 +283,24 @@ def _finish(doc: Document, rounds: Rounds, opts: DensityOptions) -> dict[str, An
                 f"{mode}-{n}", m.get("seconds_until_all_running"), m.get("running_rss_mb"),
                 m.get("running_pss_mb"), m.get("pss_mb_per_task"), m.get("rss_mb_per_task"), None,
             ])
-        if f"prefork-{n}" not in rounds.rounds:
-            continue
-        dense, prefork = rounds.medians(f"dense-{n}"), rounds.medians(f"prefork-{n}")
-        doc.data["ratios"][f"prefork-{n} / dense-{n} (PSS per task)"] = ratio(
-            prefork.get("pss_mb_per_task"), dense.get("pss_mb_per_task")
-        )
-    # Memory per *extra* task in the dense mode, between the smallest and the largest size.
+        dense = rounds.medians(f"dense-{n}")
+        for other in ("prefork", *PEERS):
+            if f"{other}-{n}" in rounds.rounds:
+                doc.data["ratios"][f"{other}-{n} / dense-{n} (PSS per task)"] = ratio(
+                    rounds.medians(f"{other}-{n}").get("pss_mb_per_task"), dense.get("pss_mb_per_task")
+                )
+    # Memory per *extra* task in the dense mode and each peer, between the smallest and the largest size.
     small, large = min(opts.sizes), max(opts.sizes)
-    lo, hi = rounds.medians(f"dense-{small}"), rounds.medians(f"dense-{large}")
-    if lo.get("running_rss_mb") is not None and hi.get("running_rss_mb") is not None and large > small:
+    for mode in ("dense", *PEERS):
+        if f"{mode}-{small}" not in rounds.rounds:
+            continue
+        lo, hi = rounds.medians(f"{mode}-{small}"), rounds.medians(f"{mode}-{large}")
+        if lo.get("running_rss_mb") is None or hi.get("running_rss_mb") is None or large == small:
+            continue
         # A difference, not a ratio (noise can make it slightly negative at quick sizes).
         per_task = (hi["running_rss_mb"] - lo["running_rss_mb"]) / (large - small)
-        doc.data["dense_rss_mb_per_extra_task"] = per_task
-        doc.note(f"dense: {doc.data['dense_rss_mb_per_extra_task']:.3f} MiB RSS per extra running task "
-                 f"(between {small} and {large})")
+        doc.data[f"{mode}_rss_mb_per_extra_task"] = per_task
+        doc.note(f"{mode}: {per_task:.3f} MiB RSS per extra running task (between {small} and {large})")
     dense_noop, prefork_noop = rounds.medians("dense-noop"), rounds.medians("prefork-noop")
     doc.data["ratios"]["dense-noop / prefork-noop (tasks/s)"] = ratio(
         dense_noop.get("tasks_per_s"), prefork_noop.get("tasks_per_s")

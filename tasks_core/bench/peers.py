@@ -99,10 +99,7 @@ class Procrastinate:
         await self.truncate(engine)
         proc = self.start_worker(env, concurrency)
         try:
-            started = time.monotonic()
-            await poll(lambda: self._worker_registered(engine), within=60, interval=0.1,
-                       what="the procrastinate worker", check=lambda: env.check_alive(proc))
-            startup = time.monotonic() - started
+            startup = await self.wait_ready(env, engine, proc)
             if warmup:
                 await self.defer_round(warmup, batch=1000)
                 await self._wait_done(env, engine, warmup, proc, stall_seconds)
@@ -114,6 +111,35 @@ class Procrastinate:
         elapsed = seconds(last - t0)
         return {"tasks": tasks, "seconds": elapsed, "tasks_per_s": tasks / elapsed,
                 "worker_startup_seconds": startup, "argv": proc.argv}
+
+    async def wait_ready(self, env: BenchEnv, engine: Any, proc: Proc) -> float:
+        """Seconds until the worker has registered itself and LISTENs for new jobs: it registers
+        first, and a defer before its LISTEN waits for the 5 s poll instead of the notification."""
+        started = time.monotonic()
+        await poll(lambda: self._worker_registered(engine), within=60, interval=0.1,
+                   what="the procrastinate worker", check=lambda: env.check_alive(proc))
+        await poll(lambda: self._listening(engine), within=60, interval=0.05,
+                   what="the procrastinate worker's LISTEN", check=lambda: env.check_alive(proc))
+        return time.monotonic() - started
+
+    async def _listening(self, engine: Any) -> bool:
+        # Only this run's worker connects to this database with a LISTEN (the bench's own pool
+        # defers); a previous round's worker is SIGKILLed, so its backend is gone by now.
+        async with engine.connect() as conn:
+            return bool((await conn.execute(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND query LIKE 'LISTEN %procrastinate%'"))).scalar_one())
+
+    async def defer_sleeps(self, n: int, seconds: float) -> None:
+        """``n`` jobs that each sleep ``seconds`` (`dtask bench density`), in one batch."""
+        task = self.app.tasks[self.module.SLEEP]
+        await task.batch_defer_async(*({"seconds": seconds} for _ in range(n)))
+
+    async def running(self, engine: Any) -> int:
+        """Jobs a worker has taken and not finished."""
+        async with engine.connect() as conn:
+            return int((await conn.execute(
+                text("SELECT count(*) FROM procrastinate_jobs WHERE status = 'doing'"))).scalar_one())
 
     async def _worker_registered(self, engine: Any) -> bool:
         async with engine.connect() as conn:
@@ -165,17 +191,10 @@ async def arq_round(
 ) -> dict[str, Any]:
     """An ``arq`` worker (one process, ``max_jobs`` = concurrency, other settings at arq's defaults);
     the bench enqueues through arq's own client, in the peers venv. First enqueue -> last completion."""
-    env.clear_queues()
-    for key in env.redis.scan_iter("arq:*"):  # a previous round's queue, results and health key
-        env.redis.delete(key)
-    settings = {"DTASK_BENCH_ARQ_REDIS": env.broker, "DTASK_BENCH_ARQ_MAX_JOBS": str(concurrency)}
-    argv = [python, str(ARQ_SCRIPT), "worker"]
-    proc = env.spawn("arq", argv, settings)
+    proc, settings = start_arq_worker(env, python, concurrency)
+    argv = proc.argv
     try:
-        started = time.monotonic()
-        await poll(lambda: _arq_ready(env), within=60, interval=0.1, what="the arq worker",
-                   check=lambda: env.check_alive(proc))
-        startup = time.monotonic() - started
+        startup = await wait_arq_ready(env, proc)
         if warmup:
             await _arq_batch(env, python, settings, warmup, proc, stall_seconds)
         t0, last = await _arq_batch(env, python, settings, tasks, proc, stall_seconds)
@@ -184,6 +203,34 @@ async def arq_round(
     elapsed = last - t0
     return {"tasks": tasks, "seconds": elapsed, "tasks_per_s": tasks / elapsed,
             "worker_startup_seconds": startup, "argv": argv}
+
+
+def start_arq_worker(env: BenchEnv, python: str, concurrency: int) -> tuple[Proc, dict[str, str]]:
+    """A fresh arq worker with ``max_jobs`` = concurrency on an empty arq keyspace; its settings."""
+    env.clear_queues()
+    for key in env.redis.scan_iter("arq:*"):  # a previous round's queue, results and health key
+        env.redis.delete(key)
+    settings = {"DTASK_BENCH_ARQ_REDIS": env.broker, "DTASK_BENCH_ARQ_MAX_JOBS": str(concurrency)}
+    return env.spawn("arq", [python, str(ARQ_SCRIPT), "worker"], settings), settings
+
+
+async def wait_arq_ready(env: BenchEnv, proc: Proc) -> float:
+    started = time.monotonic()
+    await poll(lambda: _arq_ready(env), within=60, interval=0.1, what="the arq worker",
+               check=lambda: env.check_alive(proc))
+    return time.monotonic() - started
+
+
+async def arq_enqueue(env: BenchEnv, python: str, settings: dict[str, str], *args: str) -> float:
+    """Run arq_peer.py's enqueuer (``N`` no-ops, or ``N S`` sleeps); when it began, wall clock."""
+    enqueue = await asyncio.create_subprocess_exec(
+        python, str(ARQ_SCRIPT), "enqueue", *args, env=env.process_env(settings),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=env.dir,
+    )
+    out, err = await enqueue.communicate()
+    if enqueue.returncode != 0:
+        raise BenchError(f"arq enqueue failed: {err.decode(errors='replace')[-2000:]}")
+    return float(json.loads(out)["started"])
 
 
 async def _arq_ready(env: BenchEnv) -> bool:
@@ -197,14 +244,7 @@ async def _arq_batch(
     from tasks_core.bench.arq_peer import DONE_KEY, LAST_KEY
 
     env.redis.delete(DONE_KEY, LAST_KEY)
-    enqueue = await asyncio.create_subprocess_exec(
-        python, str(ARQ_SCRIPT), "enqueue", str(n), env=env.process_env(settings),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=env.dir,
-    )
-    out, err = await enqueue.communicate()
-    if enqueue.returncode != 0:
-        raise BenchError(f"arq enqueue failed: {err.decode(errors='replace')[-2000:]}")
-    t0 = float(json.loads(out)["started"])
+    t0 = await arq_enqueue(env, python, settings, str(n))
 
     async def done() -> bool:
         return int(env.redis.get(DONE_KEY) or 0) >= n

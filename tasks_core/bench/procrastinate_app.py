@@ -1,4 +1,4 @@
-"""Procrastinate's side of the peer benchmark: one no-op task on the run's PostgreSQL.
+"""Procrastinate's side of the peer benchmark: a no-op and a sleep task on the run's PostgreSQL.
 
 ``procrastinate --app tasks_core.bench.procrastinate_app.app worker`` runs it; the database comes
 from ``$DTASK_BENCH_PROCRASTINATE_DSN`` (a libpq URL), set by the bench for its worker process.
@@ -6,12 +6,14 @@ from ``$DTASK_BENCH_PROCRASTINATE_DSN`` (a libpq URL), set by the bench for its 
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
 import procrastinate
 
 NOOP = "bench_noop"
+SLEEP = "bench_sleep"  # `dtask bench density`: a long job that only waits
 
 
 def make_app(dsn: str) -> Any:
@@ -20,6 +22,10 @@ def make_app(dsn: str) -> Any:
     @app.task(name=NOOP)
     async def noop() -> None:
         return None
+
+    @app.task(name=SLEEP)
+    async def sleep(seconds: float) -> None:
+        await asyncio.sleep(seconds)
 
     return app
 

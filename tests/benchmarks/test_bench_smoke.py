@@ -34,11 +34,12 @@ EXPECTED_VARIANTS = {
     "submit": {"inproc-single", "inproc-batch100", "inproc-batch1000", "http-healthz", "http-single",
                "http-batch1000"},
 }
-# Peers join the throughput and submit runs where installed (the bench extra; scripts/bench-peers).
+# Peers join the throughput, submit and density runs where installed (the bench extra; scripts/bench-peers).
 PEER_VARIANTS = {
     "throughput": {"procrastinate": peers.procrastinate_version, "arq": peers.peers_python},
     "submit": {"procrastinate-single": peers.procrastinate_version,
                "procrastinate-batch1000": peers.procrastinate_version},
+    "density": {"procrastinate-4": peers.procrastinate_version, "arq-4": peers.peers_python},
 }
 # The headline number of each variant (a median across rounds) that must be positive.
 HEADLINE = {
@@ -194,6 +195,12 @@ def test_density(tmp_path: Path, redis_url: str) -> None:
         assert data["variants"][f"{mode}-4"]["rounds"][0]["tasks"] == 4
         noop = data["variants"][f"{mode}-noop"]["rounds"][0]
         assert noop["succeeded"] == noop["tasks"] == 20 and noop["tasks_per_s"] > 0
+    # Peers run the same 4 sleeps where installed, and a missing one is named in one line.
+    for peer, missing in (("procrastinate", peers.PROCRASTINATE_MISSING), ("arq", peers.ARQ_MISSING)):
+        assert (missing in data["notes"]) == (f"{peer}-4" not in data["variants"])
+        if f"{peer}-4" in data["variants"]:
+            assert data["variants"][f"{peer}-4"]["rounds"][0]["tasks"] == 4
+            assert data["ratios"][f"{peer}-4 / dense-4 (PSS per task)"] > 0
 
 
 @pytest.mark.benchmark
