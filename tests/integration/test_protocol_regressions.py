@@ -25,8 +25,14 @@ async def test_a_late_message_for_a_finished_task_takes_no_slot_from_a_live_clai
     waiting = await submit(repo)
 
     params = repo._p(
-        id=done, tok=uuid.uuid4(), lease=30.0, worker="late", cap=1, omax=None,
-        **_runnable_arrays(registry), **_type_caps(registry),
+        id=done,
+        tok=uuid.uuid4(),
+        lease=30.0,
+        worker="late",
+        cap=1,
+        omax=None,
+        **_runnable_arrays(registry),
+        **_type_caps(registry),
     )
     async with engine.connect() as late, late.begin():
         assert (await late.execute(CLAIM_SQL, params)).first() is None  # refused, transaction open

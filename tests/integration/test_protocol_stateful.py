@@ -8,16 +8,11 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
-from protocol_machine import ProtocolMachine
-
-
-def machine(database_url: str) -> type[ProtocolMachine]:
-    return type("Machine", (ProtocolMachine,), {"database_url": database_url})
-
+from protocol_machine import machine
 
 BOUNDED = settings(
-    max_examples=12,
-    stateful_step_count=30,
+    max_examples=40,
+    stateful_step_count=40,
     derandomize=True,
     deadline=None,
     database=None,
@@ -26,12 +21,14 @@ BOUNDED = settings(
 
 
 def test_repository_follows_the_protocol_model(database_url: str) -> None:
-    run_state_machine_as_test(machine(database_url), settings=BOUNDED)
+    with machine(database_url) as machine_class:
+        run_state_machine_as_test(machine_class, settings=BOUNDED)
 
 
 @pytest.mark.soak
 def test_repository_follows_the_protocol_model_long(database_url: str) -> None:
-    run_state_machine_as_test(
-        machine(database_url),
-        settings=settings(BOUNDED, max_examples=400, stateful_step_count=80, derandomize=False),
-    )
+    with machine(database_url) as machine_class:
+        run_state_machine_as_test(
+            machine_class,
+            settings=settings(BOUNDED, max_examples=400, stateful_step_count=80, derandomize=False),
+        )
