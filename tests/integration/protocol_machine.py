@@ -54,10 +54,14 @@ class ModelMismatch(AssertionError):
 # Every mismatch raised, in order: the mutant tests read it, since Hypothesis may report a
 # failure it could not replay identically (claims_race is decided by PostgreSQL) as flaky.
 MISMATCHES: list[str] = []
+# Examples started, and the example in which the first mismatch arose (the mutant tests report it).
+EXAMPLES = {"started": 0, "first_mismatch": 0}
 
 
 def expect(ok: bool, what: str) -> None:
     if not ok:
+        if not MISMATCHES:
+            EXAMPLES["first_mismatch"] = EXAMPLES["started"]
         MISMATCHES.append(what)
         raise ModelMismatch(what)
 
@@ -119,6 +123,7 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
+        EXAMPLES["started"] += 1
         self.registry = registry_with_test_specs()
         self.base: datetime = self.run(self._fresh_database())
         self.repo = TaskRepository(self.engine, now=self.base)

@@ -11,7 +11,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from protocol_machine import machine
 
 BOUNDED = settings(
-    max_examples=40,
+    max_examples=100,
     stateful_step_count=40,
     derandomize=True,
     deadline=None,
