@@ -47,10 +47,14 @@ IDEMPOTENCY_TTL_SECONDS = 24 * 3600
 # The claim, in one statement: a free slot below the capacity (skipping slots other claimers hold),
 # the task marked running under the new token only if it is still pending, wanted, due and of a
 # runnable type and version (and, on the locked path, under its type's cap and owner's limit), the
-# slot taken, the attempt recorded. No slot, or no longer pending: nothing changes.
+# slot taken, the attempt recorded. No slot, or no longer pending: nothing changes. A claim of a
+# task that is not pending (a late or duplicate message) locks no slot at all: locked, that slot
+# would be skipped by a concurrent claim of a pending task, refused `capacity_full` with a slot free.
 CLAIM_SQL = text(
     f"""WITH slot AS (
         SELECT slot FROM task_slots WHERE slot < :cap AND task_id IS NULL
+          AND EXISTS (SELECT 1 FROM tasks WHERE id = :id AND status = 'pending'
+                      AND cancel_requested_at IS NULL)
         ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED),
     claimed AS (
         UPDATE tasks SET status = 'running', attempt_token = :tok, attempt_count = attempt_count + 1,

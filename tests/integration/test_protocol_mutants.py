@@ -1,0 +1,94 @@
+"""Each mutant breaks one guard of the protocol in the real repository, in-process (its source or
+SQL text patched for this test only); the stateful test must then fail. A mutant it survived
+would mean the stateful test cannot see that guard. (The spin model's mutants are in
+tests/protocol/test_model_check.py.)"""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+from protocol_machine import EXAMPLES, MISMATCHES, machine
+from sqlalchemy import text
+
+from tasks_core import repository
+from tasks_core.repository import TaskRepository
+
+
+def mutate_method(monkeypatch: pytest.MonkeyPatch, name: str, old: str, new: str) -> None:
+    """Replace ``old`` by ``new`` in the source of TaskRepository.<name> and install the result."""
+    source = textwrap.dedent(inspect.getsource(getattr(TaskRepository, name)))
+    assert source.count(old) == 1, f"mutant of {name} no longer applies: {old!r}"
+    namespace = dict(vars(repository))
+    exec(compile(source.replace(old, new), f"<mutant of {name}>", "exec"), namespace)
+    monkeypatch.setattr(TaskRepository, name, namespace[name])
+
+
+def mutate_sql(monkeypatch: pytest.MonkeyPatch, name: str, old: str, new: str) -> None:
+    """Replace ``old`` by ``new`` (first occurrence) in the module's SQL constant ``name``."""
+    sql = getattr(repository, name).text
+    assert old in sql, f"mutant of {name} no longer applies: {old!r}"
+    monkeypatch.setattr(repository, name, text(sql.replace(old, new, 1)))
+
+
+MUTANTS = {
+    "owning transaction commits without re-checking the lease": lambda mp: mutate_method(
+        mp, "owning_transaction", 'await self._recheck_lease(conn, task_id, row["lease_expires_at"])', "pass"
+    ),
+    "progress report fenced without the attempt token": lambda mp: mutate_method(
+        mp,
+        "report",
+        "WHERE id = :id AND {OWNED}",
+        "WHERE id = :id AND status = 'running' AND lease_expires_at > {NOW}",
+    ),
+    "terminal write fenced without the attempt token": lambda mp: mutate_sql(
+        mp, "FINISH_SQL", "attempt_token = :tok AND status = 'running'", "status = 'running'"
+    ),
+    "heartbeat renews an expired lease": lambda mp: mutate_method(
+        mp,
+        "heartbeat",
+        "WHERE id = :id AND {OWNED}",
+        "WHERE id = :id AND attempt_token = :tok AND status = 'running'",
+    ),
+    "claim ignores the capacity slots": lambda mp: mutate_sql(
+        mp, "CLAIM_SQL", "AND EXISTS (SELECT 1 FROM slot)", ""
+    ),
+}
+
+HUNT = settings(
+    max_examples=150,
+    stateful_step_count=50,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    phases=[Phase.generate],  # a failure is all we need: no shrinking
+    report_multiple_bugs=False,
+    suppress_health_check=list(HealthCheck),
+)
+
+
+# The two mutants the issue names run in the default suite (about 15-35 s each here); the rest
+# with `-m soak`. Hypothesis starts with short histories, so each is caught around its 80th example.
+IN_DEFAULT_RUN = {
+    "owning transaction commits without re-checking the lease",
+    "terminal write fenced without the attempt token",
+}
+
+
+@pytest.mark.parametrize(
+    "mutant",
+    [m if m in IN_DEFAULT_RUN else pytest.param(m, marks=pytest.mark.soak) for m in sorted(MUTANTS)],
+)
+def test_mutant_is_caught(mutant: str, database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    MUTANTS[mutant](monkeypatch)
+    MISMATCHES.clear()
+    EXAMPLES.update(started=0, first_mismatch=0)
+    # Whatever Hypothesis raises at the end (the mismatch, or a replay it found flaky), the
+    # mutant counts as caught only if the model saw the database disagree.
+    with machine(database_url) as machine_class, pytest.raises(Exception) as failure:
+        run_state_machine_as_test(machine_class, settings=HUNT)
+    print(f"{mutant}: caught in example {EXAMPLES['first_mismatch']} of {EXAMPLES['started']}")
+    assert MISMATCHES, f"the mutant survived: the run failed, but not on a model mismatch: {failure.value!r}"
