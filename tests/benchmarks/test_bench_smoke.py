@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typer.testing import CliRunner
 
 from tasks_core.bench import peers
 from tasks_core.bench.cli import bench_app
+from tests.tools import require_rabbitmq
 
 EXPECTED_VARIANTS = {
     # Quick throughput: capacity 2 and capacity = concurrency 3; pgbench with 1 and 3 clients.
@@ -209,8 +209,7 @@ def test_throughput_on_rabbitmq(tmp_path: Path, redis_url: str) -> None:
     (about 20 s even this small, so with the full-size runs: `pytest -m benchmark`)."""
     import subprocess
 
-    if shutil.which("rabbitmqctl") is None:
-        pytest.skip("rabbitmqctl not found: RabbitMQ is not installed here")
+    require_rabbitmq()
     data = run_bench("throughput", tmp_path, redis_url, "--tasks", "20", "--warmup", "2",
                      "--pgbench-clients", "1", "--pgbench-seconds", "1",
                      "--broker", "amqp://guest:guest@127.0.0.1:5672/")

@@ -3,24 +3,23 @@ every bounded configuration, and every mutant of it caught (scripts/check-protoc
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from tests.tools import require
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "check-protocol"
 
 
 def _need_spin() -> None:
-    if shutil.which("spin") is None or shutil.which("gcc") is None:
-        message = "spin/gcc are not installed (./scripts/bootstrap installs them as root)"
-        if os.environ.get("CI"):
-            pytest.fail(message)  # CI installs them: a missing checker there is a broken setup
-        pytest.skip(message)
+    require(
+        shutil.which("spin") is not None and shutil.which("gcc") is not None,
+        "spin and gcc",
+        "./scripts/bootstrap installs them as root: apt-get install spin gcc",
+    )
 
 
 def _check(*args: str) -> subprocess.CompletedProcess[str]:

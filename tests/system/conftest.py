@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +28,7 @@ import pytest
 import redis as redis_sync
 
 from tasks_core.processes import GroupProcess, kill_group, spawn
+from tests.tools import require_rabbitmq
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -278,8 +278,7 @@ def rabbitmq_url() -> Iterator[str]:
     rabbitmqctl), so runs never share queues."""
     from tasks_core.rabbitmq import PrivateVhost
 
-    if shutil.which("rabbitmqctl") is None:
-        pytest.skip("rabbitmqctl not found: RabbitMQ is not installed here")
+    require_rabbitmq()
     vhost = PrivateVhost(prefix="dtask_test")
     try:
         yield vhost.create()

@@ -16,12 +16,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 
 import pytest
 
 from tasks_core.chaos import faults as F
 from tasks_core.chaos.campaign import CampaignConfig, run_campaign
+from tests.tools import require_rabbitmq
 
 pytestmark = [pytest.mark.system, pytest.mark.chaos]
 
@@ -96,8 +96,7 @@ RABBITMQ_SEED = 41
 
 @pytest.mark.timeout(300)
 async def test_bounded_campaign_on_rabbitmq_keeps_every_invariant() -> None:
-    if shutil.which("rabbitmqctl") is None:
-        pytest.skip("rabbitmqctl not found: RabbitMQ is not installed here")
+    require_rabbitmq()
     # A fixed seed: CI replays one schedule known to fire the vhost outage (DTASK_CHAOS_SEED: another).
     seed = int(os.environ.get("DTASK_CHAOS_SEED") or RABBITMQ_SEED)
     cfg = CampaignConfig(

@@ -27,6 +27,7 @@ from tasks_core.embedded import free_port
 from tests.system.conftest import Cluster
 from tests.system.evaluation_pages import walk_evaluation_pages
 from tests.system.knowledge_pages import walk_knowledge_pages
+from tests.tools import require
 
 pytestmark = pytest.mark.system
 
@@ -48,11 +49,8 @@ CAPACITY = "3"
 
 
 def _need_chromium() -> None:
-    if not Path(CHROMIUM).exists():
-        message = "chromium is not installed (./scripts/bootstrap installs it as root)"
-        if os.environ.get("CI"):
-            pytest.fail(message)  # CI installs it: a missing browser there is a broken setup
-        pytest.skip(message)
+    how = "./scripts/bootstrap installs it as root: apt-get install chromium"
+    require(Path(CHROMIUM).exists(), "chromium", how)
 
 
 @pytest.fixture
