@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from datetime import datetime
 from pathlib import Path
 
 from alembic.config import Config
@@ -82,6 +83,14 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, asyncpg.PostgresConnectionError | asyncpg.InterfaceError) or (
         getattr(exc, "sqlstate", None) in TRANSIENT_SQLSTATES
     )
+
+
+async def db_now(engine: AsyncEngine) -> datetime:
+    """PostgreSQL's clock: every stored timestamp comes from it, so ages and durations are read
+    against it too, never against this host's clock."""
+    async with engine.connect() as conn:
+        now: datetime = (await conn.execute(text("SELECT clock_timestamp()"))).scalar_one()
+    return now
 
 
 def make_engine(

@@ -14,10 +14,10 @@ from typing import Any
 from urllib.parse import urlencode
 
 from fastapi import Request
-from sqlalchemy import text
 
 from app.cache import TtlCache
 from app.task_actions import cancellable, deletable
+from tasks_core.db import db_now
 from tasks_core.model import Status
 from tasks_core.services import Services
 from tasks_core.views import task_view
@@ -48,12 +48,6 @@ async def summary(request: Request, owner: str | None) -> tuple[dict[str, Any], 
     svc: Services = request.app.state.services
     cache: TtlCache[dict[str, Any]] = request.app.state.summary_cache
     return await cache.get(owner, lambda: svc.repo.summary(owner=owner))
-
-
-async def db_now(svc: Services) -> datetime:
-    async with svc.engine.connect() as conn:
-        now: datetime = (await conn.execute(text("SELECT clock_timestamp()"))).scalar_one()
-    return now
 
 
 async def waiting_reason(svc: Services, row: Mapping[str, Any]) -> str | None:
@@ -94,7 +88,7 @@ async def task_page(
         limit=filters.limit,
         cursor=filters.cursor,
     )
-    now = await db_now(svc)
+    now = await db_now(svc.engine)
     return [describe(row, now, await waiting_reason(svc, row)) for row in rows], next_cursor
 
 

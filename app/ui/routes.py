@@ -31,6 +31,7 @@ from app.ui.session import (
     sign_in_token_ok,
     start_session,
 )
+from tasks_core.db import db_now
 from tasks_core.services import Services
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -185,7 +186,7 @@ async def _task(request: Request, viewer: Viewer, task_id: str) -> dict[str, Any
         row = await task_actions.owned_task(svc, tid, viewer.principal)
     except (ValueError, HTTPException):
         raise UiError(404, "No such task (or not yours).") from None
-    now = await data.db_now(svc)
+    now = await db_now(svc.engine)
     return {
         "viewer": viewer,
         "task": data.describe(row, now, await data.waiting_reason(svc, row)),

@@ -28,14 +28,13 @@ from tasks_core.bench.common import (
     BenchEnv,
     BenchError,
     CommonOptions,
-    db_now,
     effective_settings,
     poll,
     public_options,
     seconds,
 )
 from tasks_core.bench.report import Document, Rounds, alternate, summarize
-from tasks_core.db import make_engine
+from tasks_core.db import db_now, make_engine
 
 VARIANT = "batch-upload"
 _WORDS = [

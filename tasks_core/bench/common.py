@@ -429,12 +429,6 @@ async def submit(services: Any, task_type: str, payloads: Sequence[dict[str, Any
     return ids
 
 
-async def db_now(engine: AsyncEngine) -> Any:
-    """PostgreSQL's clock: row timestamps come from it, so durations are measured against it too."""
-    async with engine.connect() as conn:
-        return (await conn.execute(text("SELECT clock_timestamp()"))).scalar_one()
-
-
 async def count_by_status(engine: AsyncEngine) -> dict[str, int]:
     async with engine.connect() as conn:
         rows = (await conn.execute(text("SELECT status, count(*) FROM tasks GROUP BY status"))).all()

@@ -26,7 +26,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from tasks_core.bench.common import ROOT, BenchEnv, BenchError, Proc, db_now, poll, seconds
+from tasks_core.bench.common import ROOT, BenchEnv, BenchError, Proc, poll, seconds
+from tasks_core.db import db_now
 
 PROCRASTINATE_MISSING = "procrastinate is not installed (pip install -e .[bench]): its variants were skipped"
 ARQ_MISSING = "arq is not installed (scripts/bench-peers makes .venv-peers): its variant was skipped"

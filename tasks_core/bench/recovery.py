@@ -28,7 +28,6 @@ from tasks_core.bench.common import (
     BenchError,
     CommonOptions,
     Proc,
-    db_now,
     durable_services,
     effective_settings,
     poll,
@@ -41,6 +40,7 @@ from tasks_core.bench.common import (
     worker_pids,
 )
 from tasks_core.bench.report import Document, Rounds, alternate, ratio, summarize
+from tasks_core.db import db_now
 from tasks_core.readiness import READINESS_KEY
 from tasks_core.transport import DURABLE_QUEUE, DUTIES_QUEUE
 

@@ -33,7 +33,6 @@ from tasks_core.bench import peers, pgbench, plain_app
 from tasks_core.bench.common import (
     BenchEnv,
     CommonOptions,
-    db_now,
     durable_services,
     effective_settings,
     poll,
@@ -44,6 +43,7 @@ from tasks_core.bench.common import (
     wait_terminal,
 )
 from tasks_core.bench.report import Document, Rounds, alternate, ratio
+from tasks_core.db import db_now
 from tasks_core.metrics import METRICS_KEY, parse_field
 from tasks_core.rabbitmq import masked
 

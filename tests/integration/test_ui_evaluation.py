@@ -1,4 +1,4 @@
-"""The evaluation domain's dashboard pages (domains/evaluation/ui.py) against the real app, database
+"""The evaluation domain's dashboard pages (domains/evaluation/routes_ui.py) against the real app, database
 and Redis, with test_ui.py's signed-in clients: datasets and runs with their states, metrics and
 links to their tasks, items and outcomes paged, owner rules, escaping and the CSRF-guarded resume.
 

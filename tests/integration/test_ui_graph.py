@@ -1,4 +1,4 @@
-"""The graph domain's dashboard pages (domains/graph/ui.py) against the real app, database and
+"""The graph domain's dashboard pages (domains/graph/routes_ui.py) against the real app, database and
 Redis, with test_ui.py's signed-in clients: each base's latest build with its state and task link,
 the built graph's top entities, owner rules and escaping.
 

@@ -1,4 +1,4 @@
-"""The knowledge domain's dashboard pages (domains/knowledge/ui.py) against the real app, database
+"""The knowledge domain's dashboard pages (domains/knowledge/routes_ui.py) against the real app, database
 and Redis, with test_ui.py's signed-in clients: bases and files with their states, links to the
 files' tasks, owner rules, paging, escaping and the CSRF-guarded reindex form.
 

@@ -19,11 +19,11 @@ from fastapi import APIRouter, Depends, Query, Request
 from starlette.responses import Response
 
 from app.ui import Checked, NavEntry, Signed, UiError, UiExtension, Viewer, redirect, render
-from app.ui.data import db_now
 from domains.knowledge import catalog
 from domains.knowledge.model import ERRORS, STATUSES
 from domains.knowledge.routes import reindex_base
 from domains.knowledge.stores import StoreConfig
+from tasks_core.db import db_now
 from tasks_core.services import Services
 from tasks_core.submission import InvalidTask
 
@@ -104,7 +104,7 @@ async def _files(svc: Services, viewer: Viewer, base: dict[str, Any], f: FileFil
         "files": rows,
         "next_cursor": next_cursor,
         "filters": f,
-        "now": await db_now(svc),
+        "now": await db_now(svc.engine),
     }
 
 

@@ -19,11 +19,11 @@ from fastapi import APIRouter, Depends, Query, Request
 from starlette.responses import Response
 
 from app.ui import Checked, NavEntry, Signed, UiError, UiExtension, Viewer, redirect, render
-from app.ui.data import db_now
 from domains.evaluation import store
 from domains.evaluation.model import CANCELLED, DATASET_STATUSES, FAILED, RUN_STATUSES
 from domains.evaluation.routes import resume
 from domains.knowledge import catalog
+from tasks_core.db import db_now
 from tasks_core.services import Services
 from tasks_core.submission import InvalidTask
 
@@ -147,7 +147,7 @@ async def _dataset_live(svc: Services, viewer: Viewer, dataset_id: str) -> dict[
         "d": dataset,
         "task_status": await _task_status(svc, dataset),
         "resumable": dataset["status"] in STOPPED,  # its terminal hook ended it: no task is active
-        "now": await db_now(svc),
+        "now": await db_now(svc.engine),
     }
 
 
@@ -157,7 +157,7 @@ async def _run_live(svc: Services, viewer: Viewer, run_id: str) -> dict[str, Any
         "viewer": viewer,
         "r": run,
         "task_status": await _task_status(svc, run),
-        "now": await db_now(svc),
+        "now": await db_now(svc.engine),
     }
 
 
