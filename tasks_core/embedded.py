@@ -324,6 +324,62 @@ def _postmaster_alive(pid: int, pgdata: pathlib.Path) -> bool:
         return True  # no /proc to ask: trust kill(pid, 0)
 
 
+def spawn_logged(
+    cmd: list[str], log_path: pathlib.Path, cwd: pathlib.Path | None = None
+) -> subprocess.Popen[bytes]:
+    """A server process writing to ``log_path``, in a session of its own: a terminal's Ctrl-C
+    stays away from it (`dtask dev` stops the servers last, after the processes using them)."""
+    with log_path.open("ab") as log_file:
+        return subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=cwd,
+        )
+
+
+class ServerProcess:
+    """What the embedded servers started from one child process share: the child is adopted once
+    it answers, stopped with ``STOP_STEPS`` (on request or at interpreter exit), and reported to a
+    supervisor by ``exit_reason``; each is a context manager."""
+
+    STOP_STEPS: tuple[tuple[signal.Signals, float], ...] = ((signal.SIGTERM, 10.0),)
+    _proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Any:
+        raise NotImplementedError
+
+    def _forget(self) -> None:
+        """Drop the address the server was reached at (it no longer answers there)."""
+
+    def _adopt(self, proc: subprocess.Popen[bytes]) -> None:
+        self._proc = proc
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        """Stop the server (each of ``STOP_STEPS`` in turn, SIGKILL last); safe to call twice."""
+        atexit.unregister(self.stop)
+        self._forget()
+        if self._proc is not None:
+            _terminate(self._proc, *self.STOP_STEPS)
+            self._proc = None
+
+    def exit_reason(self) -> str | None:
+        """None while the server runs, else how it ended (for a supervisor)."""
+        return _exit_reason(self._proc)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
 class EmbeddedPostgres:
     """A PostgreSQL cluster under ``data_dir/pgdata``, listening on 127.0.0.1 only.
 
@@ -594,12 +650,14 @@ def _redis_server_pid(port: int) -> int | None:
     return int(match.group(1)) if match else None
 
 
-class EmbeddedRedis:
+class EmbeddedRedis(ServerProcess):
     """A throw-away ``redis-server`` on 127.0.0.1: no RDB snapshots, no AOF.
 
     Nothing is persisted on purpose: Redis is only the transport, PostgreSQL re-publishes pending
-    intents, so a restart loses nothing that matters.
+    intents, so a restart loses nothing that matters. Stopped with SIGTERM (nothing to save).
     """
+
+    STOP_STEPS = ((signal.SIGTERM, _REDIS_STOP_TIMEOUT),)
 
     def __init__(
         self, data_dir: pathlib.Path, port: int | None = None, *, log_path: pathlib.Path | None = None
@@ -607,7 +665,6 @@ class EmbeddedRedis:
         self.data_dir = pathlib.Path(data_dir).absolute()
         self.port = port
         self.log_path = log_path or self.data_dir / "redis.log"
-        self._proc: subprocess.Popen[bytes] | None = None
         self._url: str | None = None
 
     @property
@@ -634,19 +691,11 @@ class EmbeddedRedis:
                 "--logfile", "",
             ]  # fmt: skip
             log_offset = _log_size(self.log_path)
-            with self.log_path.open("ab") as log_file:
-                proc = subprocess.Popen(
-                    cmd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
+            proc = spawn_logged(cmd, self.log_path)
             if self._wait_ready(proc, port):
-                self._proc = proc
+                self._adopt(proc)
                 self.port = port
                 self._url = f"redis://{_HOST}:{port}/0"
-                atexit.register(self.stop)
                 return self._url
             tail = _log_tail(self.log_path, log_offset)
             # A chosen port can be lost to another process between free_port() and our bind.
@@ -673,26 +722,8 @@ class EmbeddedRedis:
             f"redis-server on port {port} was not ready after {_REDIS_START_TIMEOUT:.0f}s"
         )
 
-    def stop(self) -> None:
-        """SIGTERM (clean shutdown, nothing to save), escalating to SIGKILL; safe to call twice."""
-        atexit.unregister(self.stop)
+    def _forget(self) -> None:
         self._url = None
-        if self._proc is not None:
-            _terminate(self._proc, (signal.SIGTERM, _REDIS_STOP_TIMEOUT))
-            self._proc = None
-
-    def exit_reason(self) -> str | None:
-        """None while the server runs, else how it ended (for a supervisor)."""
-        return _exit_reason(self._proc)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
 
 # --------------------------------------------------------------------------------------------- helpers

@@ -12,7 +12,6 @@ stand-ins only.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import importlib.util
 import json
@@ -26,20 +25,19 @@ import sys
 import sysconfig
 import time
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Self
 from urllib.parse import quote, unquote, urlsplit
 
 from tasks_core.embedded import (
     _HOST,
     _PORT_ATTEMPTS,
     EmbeddedServerError,
-    _exit_reason,
+    ServerProcess,
     _log_size,
     _log_tail,
     _terminate,
     free_port,
     port_is_free,
+    spawn_logged,
 )
 
 _MILVUS_START_TIMEOUT = 60.0
@@ -57,25 +55,14 @@ def _tcp_open(port: int) -> bool:
     return False
 
 
-def _spawn(cmd: list[str], log_path: pathlib.Path, cwd: pathlib.Path) -> subprocess.Popen[bytes]:
-    with log_path.open("ab") as log_file:
-        # A new session keeps a terminal's Ctrl-C away: `dtask dev` stops the servers last.
-        return subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=cwd,
-        )
-
-
 # --------------------------------------------------------------------------------------------- Milvus
 
 
-class EmbeddedMilvus:
+class EmbeddedMilvus(ServerProcess):
     """``milvus-lite server`` on 127.0.0.1 with its data under ``data_dir/data`` (on ``port``, or a
-    free one)."""
+    free one). Stopped gracefully: in-flight requests drain and the data directory is closed."""
+
+    STOP_STEPS = _MILVUS_STOP_STEPS
 
     def __init__(
         self, data_dir: pathlib.Path, port: int | None = None, *, log_path: pathlib.Path | None = None
@@ -83,7 +70,6 @@ class EmbeddedMilvus:
         self.data_dir = pathlib.Path(data_dir).absolute()
         self.port = port
         self.log_path = log_path or self.data_dir / "milvus.log"
-        self._proc: subprocess.Popen[bytes] | None = None
         self._uri: str | None = None
 
     @property
@@ -107,11 +93,10 @@ class EmbeddedMilvus:
                 "--host", _HOST, "--port", str(port), "--data-dir", str(self.data_dir / "data"),
             ]  # fmt: skip
             offset = _log_size(self.log_path)
-            proc = _spawn(cmd, self.log_path, self.data_dir)
+            proc = spawn_logged(cmd, self.log_path, self.data_dir)
             if self._wait_ready(proc, port, offset):
-                self._proc = proc
+                self._adopt(proc)
                 self._uri = f"http://{_HOST}:{port}"
-                atexit.register(self.stop)
                 return self._uri
             tail = _log_tail(self.log_path, offset)
             if self.port is None and ("bind" in tail.lower() or not port_is_free(port)):
@@ -135,26 +120,8 @@ class EmbeddedMilvus:
             + _log_tail(self.log_path, offset)
         )
 
-    def exit_reason(self) -> str | None:
-        """None while the server runs, else how it ended (for a supervisor)."""
-        return _exit_reason(self._proc)
-
-    def stop(self) -> None:
-        """Graceful stop (in-flight requests drain, the data directory is closed); safe twice."""
-        atexit.unregister(self.stop)
+    def _forget(self) -> None:
         self._uri = None
-        if self._proc is not None:
-            _terminate(self._proc, *_MILVUS_STOP_STEPS)
-            self._proc = None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
 
 # --------------------------------------------------------------------------------------------- S3
@@ -201,7 +168,7 @@ def _admin_port() -> int:
     raise EmbeddedServerError("no free port pair for the SeaweedFS admin server")
 
 
-class EmbeddedS3:
+class EmbeddedS3(ServerProcess):
     """SeaweedFS ``weed mini`` with its S3 gateway on 127.0.0.1, data under ``data_dir/data``.
 
     Every port the all-in-one server opens gets a free port of its own (its defaults are fixed
@@ -210,6 +177,8 @@ class EmbeddedS3:
     generated on first start and kept with the data.
     """
 
+    STOP_STEPS = _S3_STOP_STEPS
+
     def __init__(
         self, data_dir: pathlib.Path, port: int | None = None, *, log_path: pathlib.Path | None = None
     ) -> None:
@@ -217,7 +186,6 @@ class EmbeddedS3:
         self.port = port  # the S3 port (the others are always free ones)
         self.log_path = log_path or self.data_dir / "weed.log"
         self._config_path = self.data_dir / "s3-identities.json"
-        self._proc: subprocess.Popen[bytes] | None = None
         self._endpoint: S3Endpoint | None = None
 
     @property
@@ -251,12 +219,11 @@ class EmbeddedS3:
                 "-master.telemetry=false",
             ]  # fmt: skip
             offset = _log_size(self.log_path)
-            proc = _spawn(cmd, self.log_path, self.data_dir)
+            proc = spawn_logged(cmd, self.log_path, self.data_dir)
             endpoint = S3Endpoint(f"{_HOST}:{ports['s3.port']}", access, secret)
             if self._wait_ready(proc, endpoint, offset):
-                self._proc = proc
+                self._adopt(proc)
                 self._endpoint = endpoint
-                atexit.register(self.stop)
                 return endpoint
             tail = _log_tail(self.log_path, offset)
             if "address already in use" in tail.lower():
@@ -304,24 +271,8 @@ class EmbeddedS3:
             f"weed mini was not ready after {_S3_START_TIMEOUT:.0f}s:\n" + _log_tail(self.log_path, offset)
         )
 
-    def exit_reason(self) -> str | None:
-        return _exit_reason(self._proc)
-
-    def stop(self) -> None:
-        atexit.unregister(self.stop)
+    def _forget(self) -> None:
         self._endpoint = None
-        if self._proc is not None:
-            _terminate(self._proc, *_S3_STOP_STEPS)
-            self._proc = None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
 
 class EmbeddedS3Server:
