@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.staticfiles import StaticFiles
 from starlette.responses import Response
 
+from app.ui.data import DEFAULT_PAGE_SIZE, PAGE_SIZES, page_size, services
 from app.ui.extensions import NavEntry, UiExtension, load_extensions
 from app.ui.render import STATIC_DIR, Ui, redirect, render
 from app.ui.routes import router
@@ -20,6 +21,8 @@ from app.ui.session import Checked, Signed, SignInRequired, UiError, Viewer, cur
 from tasks_core.settings import Settings
 
 __all__ = [
+    "DEFAULT_PAGE_SIZE",
+    "PAGE_SIZES",
     "Checked",
     "NavEntry",
     "Signed",
@@ -27,8 +30,10 @@ __all__ = [
     "UiExtension",
     "Viewer",
     "install",
+    "page_size",
     "redirect",
     "render",
+    "services",
 ]
 
 

@@ -27,6 +27,16 @@ PAGE_SIZES = (25, 50, 100, 200)
 DEFAULT_PAGE_SIZE = 50
 
 
+def page_size(limit: int) -> int:
+    """One of the offered page sizes (anything else asked for gets the default)."""
+    return limit if limit in PAGE_SIZES else DEFAULT_PAGE_SIZE
+
+
+def services(request: Request) -> Services:
+    svc: Services = request.app.state.services
+    return svc
+
+
 @dataclass(frozen=True)
 class Filters:
     status: str | None = None

@@ -32,7 +32,6 @@ from app.ui.session import (
     start_session,
 )
 from tasks_core.db import db_now
-from tasks_core.services import Services
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
@@ -47,11 +46,6 @@ NOTICES = {
 # Where sign-in may send you back to: a dashboard path of ours, never another site.
 NEXT = re.compile(r"/ui(?:[/?][^\s\\]*)?")
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
-
-
-def _svc(request: Request) -> Services:
-    svc: Services = request.app.state.services
-    return svc
 
 
 def _notice(code: str | None) -> str | None:
@@ -127,13 +121,13 @@ def filters(
         status or None,
         task_type or None,
         cursor or None,
-        limit if limit in data.PAGE_SIZES else data.DEFAULT_PAGE_SIZE,
+        data.page_size(limit),
     )
 
 
 async def _table(request: Request, viewer: Viewer, f: Filters) -> dict[str, Any]:
     try:
-        rows, next_cursor = await data.task_page(_svc(request), f, viewer.principal.owner_filter())
+        rows, next_cursor = await data.task_page(data.services(request), f, viewer.principal.owner_filter())
     except ValueError:  # a cursor we did not make
         raise UiError(400, "That page link is not valid; start again from the newest tasks.") from None
     return {"viewer": viewer, "filters": f, "tasks": rows, "next_cursor": next_cursor}
@@ -145,7 +139,7 @@ async def _overview(request: Request, viewer: Viewer) -> dict[str, Any]:
         "viewer": viewer,
         "summary": counts,
         "counted_ago": age,
-        "facts": await readiness_facts(_svc(request)),
+        "facts": await readiness_facts(data.services(request)),
     }
 
 
@@ -180,7 +174,7 @@ async def overview(request: Request, viewer: Signed) -> Response:
 
 
 async def _task(request: Request, viewer: Viewer, task_id: str) -> dict[str, Any]:
-    svc = _svc(request)
+    svc = data.services(request)
     try:
         tid = uuid.UUID(task_id)
         row = await task_actions.owned_task(svc, tid, viewer.principal)
@@ -212,7 +206,7 @@ async def task_live(request: Request, task_id: str, viewer: Signed) -> Response:
 @router.post("/tasks/{task_id}/cancel")
 async def cancel(request: Request, task_id: uuid.UUID, viewer: Checked) -> Response:
     try:
-        outcome = await task_actions.cancel_task(_svc(request), task_id, viewer.principal)
+        outcome = await task_actions.cancel_task(data.services(request), task_id, viewer.principal)
     except HTTPException as exc:
         if exc.status_code != 409:
             raise UiError(404, "No such task (or not yours).") from None
@@ -224,7 +218,7 @@ async def cancel(request: Request, task_id: uuid.UUID, viewer: Checked) -> Respo
 @router.post("/tasks/{task_id}/delete")
 async def delete(request: Request, task_id: uuid.UUID, viewer: Checked) -> Response:
     try:
-        await task_actions.delete_task(_svc(request), task_id, viewer.principal)
+        await task_actions.delete_task(data.services(request), task_id, viewer.principal)
     except HTTPException as exc:
         if exc.status_code != 409:
             raise UiError(404, "No such task (or not yours).") from None

@@ -18,7 +18,20 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.responses import Response
 
-from app.ui import Checked, NavEntry, Signed, UiError, UiExtension, Viewer, redirect, render
+from app.ui import (
+    DEFAULT_PAGE_SIZE,
+    PAGE_SIZES,
+    Checked,
+    NavEntry,
+    Signed,
+    UiError,
+    UiExtension,
+    Viewer,
+    page_size,
+    redirect,
+    render,
+    services,
+)
 from domains.evaluation import store
 from domains.evaluation.model import CANCELLED, DATASET_STATUSES, FAILED, RUN_STATUSES
 from domains.evaluation.routes import resume
@@ -28,8 +41,6 @@ from tasks_core.services import Services
 from tasks_core.submission import InvalidTask
 
 PREFIX = "/ui/evaluation"
-PAGE_SIZES = (25, 50, 100, 200)
-DEFAULT_PAGE_SIZE = 50
 LIST_LIMIT = 200  # newest runs on a dataset's page
 ID = re.compile(r"[0-9a-f]{32}")
 STOPPED = (FAILED, CANCELLED)  # a dataset that may be resumed
@@ -60,7 +71,7 @@ class Paging:
 def paging(cursor: Annotated[str, Query(max_length=12)] = "", limit: int = DEFAULT_PAGE_SIZE) -> Paging:
     if not re.fullmatch(r"[0-9]{0,9}", cursor):  # a position (an int4 column)
         raise UiError(400, "That page link is not valid; start again from the first item.")
-    return Paging(int(cursor) if cursor else None, limit if limit in PAGE_SIZES else DEFAULT_PAGE_SIZE)
+    return Paging(int(cursor) if cursor else None, page_size(limit))
 
 
 Pages = Annotated[Paging, Depends(paging)]
@@ -86,7 +97,7 @@ def _list_filters(statuses: tuple[str, ...], status: str, cursor: str, limit: in
         raise UiError(400, "Unknown status.")
     if not re.fullmatch(r"[A-Za-z0-9_-]*", cursor):
         raise UiError(400, "That page link is not valid; start again from the newest.")
-    return ListFilters(status or None, cursor or None, limit if limit in PAGE_SIZES else DEFAULT_PAGE_SIZE)
+    return ListFilters(status or None, cursor or None, page_size(limit))
 
 
 def dataset_filters(
@@ -104,10 +115,6 @@ def run_filters(
 DatasetFilters = Annotated[ListFilters, Depends(dataset_filters)]
 RunFilters = Annotated[ListFilters, Depends(run_filters)]
 
-
-def _svc(request: Request) -> Services:
-    svc: Services = request.app.state.services
-    return svc
 
 
 def _mine(viewer: Viewer, row: dict[str, Any] | None, what: str) -> dict[str, Any]:
@@ -209,7 +216,7 @@ async def _runs(svc: Services, viewer: Viewer, f: ListFilters) -> dict[str, Any]
 
 @router.get("")
 async def datasets(request: Request, viewer: Signed, f: DatasetFilters) -> Response:
-    context = await _datasets(_svc(request), viewer, f)
+    context = await _datasets(services(request), viewer, f)
     context.update(statuses=DATASET_STATUSES, page_sizes=PAGE_SIZES)
     return render(request, "evaluation/datasets.html", context)
 
@@ -217,12 +224,12 @@ async def datasets(request: Request, viewer: Signed, f: DatasetFilters) -> Respo
 @router.get("/fragments/datasets")
 async def datasets_table(request: Request, viewer: Signed, f: DatasetFilters) -> Response:
     """The datasets table alone: what the datasets page polls every 2 s."""
-    return render(request, "evaluation/_datasets_table.html", await _datasets(_svc(request), viewer, f))
+    return render(request, "evaluation/_datasets_table.html", await _datasets(services(request), viewer, f))
 
 
 @router.get("/runs")
 async def runs(request: Request, viewer: Signed, f: RunFilters) -> Response:
-    context = await _runs(_svc(request), viewer, f)
+    context = await _runs(services(request), viewer, f)
     context.update(statuses=RUN_STATUSES, page_sizes=PAGE_SIZES)
     return render(request, "evaluation/runs.html", context)
 
@@ -230,14 +237,14 @@ async def runs(request: Request, viewer: Signed, f: RunFilters) -> Response:
 @router.get("/fragments/runs")
 async def runs_table(request: Request, viewer: Signed, f: RunFilters) -> Response:
     """The runs table alone: what the runs page polls every 2 s."""
-    return render(request, "evaluation/_runs_list.html", await _runs(_svc(request), viewer, f))
+    return render(request, "evaluation/_runs_list.html", await _runs(services(request), viewer, f))
 
 
 @router.get("/datasets/{dataset_id}")
 async def dataset_page(
     request: Request, dataset_id: str, viewer: Signed, p: Pages, notice: str | None = None
 ) -> Response:
-    svc = _svc(request)
+    svc = services(request)
     live = await _dataset_live(svc, viewer, dataset_id)
     async with svc.engine.connect() as conn:
         base = await catalog.get_base(conn, live["d"]["base_id"])
@@ -264,14 +271,14 @@ async def dataset_page(
 async def dataset_live(request: Request, dataset_id: str, viewer: Signed) -> Response:
     """The dataset's state alone: what its page polls every 2 s while it is generating."""
     return render(
-        request, "evaluation/_dataset_live.html", await _dataset_live(_svc(request), viewer, dataset_id)
+        request, "evaluation/_dataset_live.html", await _dataset_live(services(request), viewer, dataset_id)
     )
 
 
 @router.post("/datasets/{dataset_id}/resume")
 async def resume_dataset(request: Request, dataset_id: str, viewer: Checked) -> Response:
     """The API's POST /evaluation/datasets/{id}/resume: a new task continues from the items kept."""
-    svc = _svc(request)
+    svc = services(request)
     dataset = await _dataset(svc, viewer, dataset_id)
     try:
         outcome = await resume(svc, dataset["id"], dataset["owner"])
@@ -285,7 +292,7 @@ async def resume_dataset(request: Request, dataset_id: str, viewer: Checked) -> 
 
 @router.get("/runs/{run_id}")
 async def run_page(request: Request, run_id: str, viewer: Signed, p: Pages) -> Response:
-    svc = _svc(request)
+    svc = services(request)
     live = await _run_live(svc, viewer, run_id)
     async with svc.engine.connect() as conn:
         base = await catalog.get_base(conn, live["r"]["base_id"])
@@ -305,7 +312,7 @@ async def run_page(request: Request, run_id: str, viewer: Signed, p: Pages) -> R
 @router.get("/runs/{run_id}/live")
 async def run_live(request: Request, run_id: str, viewer: Signed) -> Response:
     """The run's state alone: what its page polls every 2 s while it is running."""
-    return render(request, "evaluation/_run_live.html", await _run_live(_svc(request), viewer, run_id))
+    return render(request, "evaluation/_run_live.html", await _run_live(services(request), viewer, run_id))
 
 
 UI = UiExtension(

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from app.ui import NavEntry, Signed, UiError, UiExtension, Viewer, render
+from app.ui import NavEntry, Signed, UiError, UiExtension, Viewer, render, services
 from domains.graph import store
 from domains.graph.model import BUILT
 from domains.knowledge import catalog
@@ -28,10 +28,6 @@ BASE_ID = re.compile(r"[0-9a-f]{32}")
 
 router = APIRouter(prefix=PREFIX)
 
-
-def _svc(request: Request) -> Services:
-    svc: Services = request.app.state.services
-    return svc
 
 
 async def _graph(svc: Services, viewer: Viewer, base_id: str, top: int) -> dict[str, Any]:
@@ -59,7 +55,7 @@ def _top(top: int) -> int:
 
 @router.get("")
 async def bases(request: Request, viewer: Signed) -> Response:
-    svc = _svc(request)
+    svc = services(request)
     async with svc.engine.connect() as conn:
         rows = await catalog.list_bases(conn, viewer.principal.owner_filter())
         builds = await store.latest_builds(conn, [r["id"] for r in rows])
@@ -68,14 +64,14 @@ async def bases(request: Request, viewer: Signed) -> Response:
 
 @router.get("/{base_id}")
 async def base_page(request: Request, base_id: str, viewer: Signed, top: int = DEFAULT_TOP) -> Response:
-    context = await _graph(_svc(request), viewer, base_id, _top(top))
+    context = await _graph(services(request), viewer, base_id, _top(top))
     return render(request, "graph/base.html", {**context, "top_sizes": TOP_SIZES, "top": _top(top)})
 
 
 @router.get("/{base_id}/live")
 async def live(request: Request, base_id: str, viewer: Signed, top: int = DEFAULT_TOP) -> Response:
     """The build's state and the graph alone: what the page polls every 2 s while a build runs."""
-    return render(request, "graph/_live.html", await _graph(_svc(request), viewer, base_id, _top(top)))
+    return render(request, "graph/_live.html", await _graph(services(request), viewer, base_id, _top(top)))
 
 
 UI = UiExtension(

@@ -18,7 +18,20 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.responses import Response
 
-from app.ui import Checked, NavEntry, Signed, UiError, UiExtension, Viewer, redirect, render
+from app.ui import (
+    DEFAULT_PAGE_SIZE,
+    PAGE_SIZES,
+    Checked,
+    NavEntry,
+    Signed,
+    UiError,
+    UiExtension,
+    Viewer,
+    page_size,
+    redirect,
+    render,
+    services,
+)
 from domains.knowledge import catalog
 from domains.knowledge.model import ERRORS, STATUSES
 from domains.knowledge.routes import reindex_base
@@ -28,8 +41,6 @@ from tasks_core.services import Services
 from tasks_core.submission import InvalidTask
 
 PREFIX = "/ui/knowledge"
-PAGE_SIZES = (25, 50, 100, 200)
-DEFAULT_PAGE_SIZE = 50
 BASE_ID = re.compile(r"[0-9a-f]{32}")
 # Notices after the reindex form, by code: fixed words, nothing from the request is reflected.
 NOTICES = {
@@ -63,15 +74,11 @@ def file_filters(
         raise UiError(400, "Unknown file status.")
     if not re.fullmatch(r"[A-Za-z0-9_-]*", cursor):
         raise UiError(400, "That page link is not valid; start again from the newest files.")
-    return FileFilters(status or None, cursor or None, limit if limit in PAGE_SIZES else DEFAULT_PAGE_SIZE)
+    return FileFilters(status or None, cursor or None, page_size(limit))
 
 
 Files = Annotated[FileFilters, Depends(file_filters)]
 
-
-def _svc(request: Request) -> Services:
-    svc: Services = request.app.state.services
-    return svc
 
 
 async def _base(svc: Services, viewer: Viewer, base_id: str) -> dict[str, Any]:
@@ -110,7 +117,7 @@ async def _files(svc: Services, viewer: Viewer, base: dict[str, Any], f: FileFil
 
 @router.get("")
 async def bases(request: Request, viewer: Signed) -> Response:
-    svc = _svc(request)
+    svc = services(request)
     async with svc.engine.connect() as conn:
         rows = await catalog.list_bases(conn, viewer.principal.owner_filter())
     context = {"viewer": viewer, "bases": rows, "statuses": STATUSES, "errors": ERRORS}
@@ -121,7 +128,7 @@ async def bases(request: Request, viewer: Signed) -> Response:
 async def base_page(
     request: Request, base_id: str, viewer: Signed, f: Files, notice: str | None = None
 ) -> Response:
-    svc = _svc(request)
+    svc = services(request)
     base = await _base(svc, viewer, base_id)
     context = {
         **await _files(svc, viewer, base, f),
@@ -135,7 +142,7 @@ async def base_page(
 @router.get("/bases/{base_id}/files")
 async def files_table(request: Request, base_id: str, viewer: Signed, f: Files) -> Response:
     """The files table alone: what the base page polls every 2 s."""
-    svc = _svc(request)
+    svc = services(request)
     base = await _base(svc, viewer, base_id)
     return render(request, "knowledge/_files_table.html", await _files(svc, viewer, base, f))
 
@@ -143,7 +150,7 @@ async def files_table(request: Request, base_id: str, viewer: Signed, f: Files) 
 @router.post("/bases/{base_id}/reindex")
 async def reindex(request: Request, base_id: str, viewer: Checked) -> Response:
     """The API's POST /knowledge/bases/{id}/reindex-pending: one task for the base's failed files."""
-    svc = _svc(request)
+    svc = services(request)
     base = await _base(svc, viewer, base_id)
     missing = StoreConfig.from_settings(svc.settings).missing()
     if missing:  # the API answers 503 too: no worker of this deployment could index them
