@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.staticfiles import StaticFiles
 from starlette.responses import Response
 
-from app.ui.data import DEFAULT_PAGE_SIZE, PAGE_SIZES, page_size, services
+from app.ui.data import DEFAULT_PAGE_SIZE, PAGE_SIZES, StatusPage, page_size, services, status_page
 from app.ui.extensions import NavEntry, UiExtension, load_extensions
 from app.ui.render import STATIC_DIR, Ui, redirect, render
 from app.ui.routes import router
@@ -26,6 +26,7 @@ __all__ = [
     "Checked",
     "NavEntry",
     "Signed",
+    "StatusPage",
     "UiError",
     "UiExtension",
     "Viewer",
@@ -34,6 +35,7 @@ __all__ = [
     "redirect",
     "render",
     "services",
+    "status_page",
 ]
 
 

@@ -6,8 +6,9 @@ api's own clock may be off, and "lease left" must mean what the reconciler will 
 
 from __future__ import annotations
 
+import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,6 +18,7 @@ from fastapi import Request
 
 from app.cache import TtlCache
 from app.task_actions import cancellable, deletable
+from app.ui.session import UiError
 from tasks_core.db import db_now
 from tasks_core.model import Status
 from tasks_core.services import Services
@@ -30,6 +32,36 @@ DEFAULT_PAGE_SIZE = 50
 def page_size(limit: int) -> int:
     """One of the offered page sizes (anything else asked for gets the default)."""
     return limit if limit in PAGE_SIZES else DEFAULT_PAGE_SIZE
+
+
+@dataclass(frozen=True)
+class StatusPage:
+    """A keyset page of a domain's newest-first list, optionally of one status."""
+
+    status: str | None = None
+    cursor: str | None = None
+    limit: int = DEFAULT_PAGE_SIZE
+
+    def query(self, **changes: Any) -> str:
+        """This view's query string, with ``changes`` (e.g. another cursor) applied."""
+        f = replace(self, **changes)
+        params = {"status": f.status, "cursor": f.cursor}
+        params["limit"] = None if f.limit == DEFAULT_PAGE_SIZE else str(f.limit)
+        return urlencode({k: v for k, v in params.items() if v})
+
+
+def status_page(
+    statuses: Sequence[str], status: str, cursor: str, limit: int, *, noun: str = ""
+) -> StatusPage:
+    """The page asked for, or 400 naming what was wrong (``noun``: what the list holds)."""
+    if status and status not in statuses:
+        raise UiError(400, f"Unknown {noun + ' ' if noun else ''}status.")
+    if not re.fullmatch(r"[A-Za-z0-9_-]*", cursor):
+        raise UiError(
+            400,
+            f"That page link is not valid; start again from the newest{' ' + noun + 's' if noun else ''}.",
+        )
+    return StatusPage(status or None, cursor or None, page_size(limit))
 
 
 def services(request: Request) -> Services:

@@ -24,6 +24,7 @@ from app.ui import (
     Checked,
     NavEntry,
     Signed,
+    StatusPage,
     UiError,
     UiExtension,
     Viewer,
@@ -31,6 +32,7 @@ from app.ui import (
     redirect,
     render,
     services,
+    status_page,
 )
 from domains.evaluation import store
 from domains.evaluation.model import CANCELLED, DATASET_STATUSES, FAILED, RUN_STATUSES
@@ -77,44 +79,20 @@ def paging(cursor: Annotated[str, Query(max_length=12)] = "", limit: int = DEFAU
 Pages = Annotated[Paging, Depends(paging)]
 
 
-@dataclass(frozen=True)
-class ListFilters:
-    """A keyset page of the datasets or runs list, newest first, optionally of one status."""
-
-    status: str | None = None
-    cursor: str | None = None
-    limit: int = DEFAULT_PAGE_SIZE
-
-    def query(self, **changes: Any) -> str:
-        f = replace(self, **changes)
-        params = {"status": f.status, "cursor": f.cursor}
-        params["limit"] = None if f.limit == DEFAULT_PAGE_SIZE else str(f.limit)
-        return urlencode({k: v for k, v in params.items() if v})
-
-
-def _list_filters(statuses: tuple[str, ...], status: str, cursor: str, limit: int) -> ListFilters:
-    if status and status not in statuses:
-        raise UiError(400, "Unknown status.")
-    if not re.fullmatch(r"[A-Za-z0-9_-]*", cursor):
-        raise UiError(400, "That page link is not valid; start again from the newest.")
-    return ListFilters(status or None, cursor or None, page_size(limit))
-
-
 def dataset_filters(
     status: str = "", cursor: Annotated[str, Query(max_length=500)] = "", limit: int = DEFAULT_PAGE_SIZE
-) -> ListFilters:
-    return _list_filters(DATASET_STATUSES, status, cursor, limit)
+) -> StatusPage:
+    return status_page(DATASET_STATUSES, status, cursor, limit)
 
 
 def run_filters(
     status: str = "", cursor: Annotated[str, Query(max_length=500)] = "", limit: int = DEFAULT_PAGE_SIZE
-) -> ListFilters:
-    return _list_filters(RUN_STATUSES, status, cursor, limit)
+) -> StatusPage:
+    return status_page(RUN_STATUSES, status, cursor, limit)
 
 
-DatasetFilters = Annotated[ListFilters, Depends(dataset_filters)]
-RunFilters = Annotated[ListFilters, Depends(run_filters)]
-
+DatasetFilters = Annotated[StatusPage, Depends(dataset_filters)]
+RunFilters = Annotated[StatusPage, Depends(run_filters)]
 
 
 def _mine(viewer: Viewer, row: dict[str, Any] | None, what: str) -> dict[str, Any]:
@@ -174,7 +152,7 @@ def _next(rows: list[dict[str, Any]], p: Paging) -> tuple[list[dict[str, Any]], 
     return page, (page[-1]["seq"] if len(rows) > p.limit else None)
 
 
-async def _datasets(svc: Services, viewer: Viewer, f: ListFilters) -> dict[str, Any]:
+async def _datasets(svc: Services, viewer: Viewer, f: StatusPage) -> dict[str, Any]:
     owner = viewer.principal.owner_filter()
     async with svc.engine.connect() as conn:
         counts = await store.dataset_counts(conn, owner)
@@ -194,7 +172,7 @@ async def _datasets(svc: Services, viewer: Viewer, f: ListFilters) -> dict[str, 
     }
 
 
-async def _runs(svc: Services, viewer: Viewer, f: ListFilters) -> dict[str, Any]:
+async def _runs(svc: Services, viewer: Viewer, f: StatusPage) -> dict[str, Any]:
     owner = viewer.principal.owner_filter()
     async with svc.engine.connect() as conn:
         counts = await store.run_counts(conn, owner)

@@ -10,10 +10,8 @@ needs them configured.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.responses import Response
@@ -24,13 +22,14 @@ from app.ui import (
     Checked,
     NavEntry,
     Signed,
+    StatusPage,
     UiError,
     UiExtension,
     Viewer,
-    page_size,
     redirect,
     render,
     services,
+    status_page,
 )
 from domains.knowledge import catalog
 from domains.knowledge.model import ERRORS, STATUSES
@@ -52,33 +51,15 @@ NOTICES = {
 router = APIRouter(prefix=PREFIX)
 
 
-@dataclass(frozen=True)
-class FileFilters:
-    status: str | None = None
-    cursor: str | None = None
-    limit: int = DEFAULT_PAGE_SIZE
-
-    def query(self, **changes: Any) -> str:
-        f = replace(self, **changes)
-        params = {"status": f.status, "cursor": f.cursor}
-        params["limit"] = None if f.limit == DEFAULT_PAGE_SIZE else str(f.limit)
-        return urlencode({k: v for k, v in params.items() if v})
-
-
 def file_filters(
     status: str = "",
     cursor: Annotated[str, Query(max_length=500)] = "",
     limit: int = DEFAULT_PAGE_SIZE,
-) -> FileFilters:
-    if status and status not in STATUSES:
-        raise UiError(400, "Unknown file status.")
-    if not re.fullmatch(r"[A-Za-z0-9_-]*", cursor):
-        raise UiError(400, "That page link is not valid; start again from the newest files.")
-    return FileFilters(status or None, cursor or None, page_size(limit))
+) -> StatusPage:
+    return status_page(STATUSES, status, cursor, limit, noun="file")
 
 
-Files = Annotated[FileFilters, Depends(file_filters)]
-
+Files = Annotated[StatusPage, Depends(file_filters)]
 
 
 async def _base(svc: Services, viewer: Viewer, base_id: str) -> dict[str, Any]:
@@ -93,7 +74,7 @@ async def _base(svc: Services, viewer: Viewer, base_id: str) -> dict[str, Any]:
     return row
 
 
-async def _files(svc: Services, viewer: Viewer, base: dict[str, Any], f: FileFilters) -> dict[str, Any]:
+async def _files(svc: Services, viewer: Viewer, base: dict[str, Any], f: StatusPage) -> dict[str, Any]:
     async with svc.engine.connect() as conn:
         counts = await catalog.file_counts(conn, base["id"])
         try:
