@@ -31,6 +31,11 @@ NAMING = {
 metadata = MetaData(naming_convention=NAMING)
 
 
+def sql_in(values: tuple[str, ...]) -> str:
+    """``('a', 'b')``: a list of our own constant words for a CHECK constraint or a query."""
+    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
+
+
 class Status(enum.StrEnum):
     PENDING = "pending"
     RUNNING = "running"

@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
-from tasks_core.model import metadata
+from tasks_core.model import metadata, sql_in
 
 # Dataset statuses.
 GENERATING = "generating"
@@ -37,10 +37,6 @@ DATASET_STATUSES = (GENERATING, COMPLETED, FAILED, CANCELLED)
 # Run statuses.
 RUNNING = "running"
 RUN_STATUSES = (RUNNING, COMPLETED, FAILED, CANCELLED)
-
-
-def _in(values: tuple[str, ...]) -> str:
-    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
 
 
 evaluation_datasets = Table(
@@ -60,7 +56,7 @@ evaluation_datasets = Table(
     Column("generator", Text, nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.clock_timestamp()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.clock_timestamp()),
-    CheckConstraint(f"status IN {_in(DATASET_STATUSES)}", name="status"),
+    CheckConstraint(f"status IN {sql_in(DATASET_STATUSES)}", name="status"),
     CheckConstraint("target > 0 AND item_count >= 0 AND item_count <= target", name="count"),
     CheckConstraint(f"status <> '{COMPLETED}' OR item_count = target", name="completed_full"),
 )
@@ -110,7 +106,7 @@ evaluation_runs = Table(
     Column("attempt_token", UUID(as_uuid=True), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.clock_timestamp()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.clock_timestamp()),
-    CheckConstraint(f"status IN {_in(RUN_STATUSES)}", name="status"),
+    CheckConstraint(f"status IN {sql_in(RUN_STATUSES)}", name="status"),
     CheckConstraint("top_k > 0 AND items_done >= 0 AND items_done <= items_total", name="count"),
 )
 Index("ix_evaluation_runs_task", evaluation_runs.c.task_id)

@@ -18,12 +18,13 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from domains.knowledge.model import ATTEMPT_BOUND, ERROR_INDEXING, ERROR_PARSING, IN_PROGRESS, UPLOADED
+from tasks_core.model import sql_in
 
 Row = dict[str, Any]
 NOW = "clock_timestamp()"
 _ACTIVE = "('pending', 'running')"
-_IN_PROGRESS = "(" + ", ".join(f"'{s}'" for s in IN_PROGRESS) + ")"
-_BOUND = "(" + ", ".join(f"'{s}'" for s in ATTEMPT_BOUND) + ")"
+_IN_PROGRESS = sql_in(IN_PROGRESS)
+_BOUND = sql_in(ATTEMPT_BOUND)
 
 
 def new_id() -> str:

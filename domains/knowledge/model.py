@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import UUID
 
-from tasks_core.model import metadata
+from tasks_core.model import metadata, sql_in
 
 UPLOADED = "uploaded"
 PARSING = "parsing"
@@ -40,10 +40,6 @@ IN_PROGRESS = (UPLOADED, PARSING, PARSED, INDEXING)
 ATTEMPT_BOUND = (PARSING, PARSED, INDEXING)
 ERRORS = (ERROR_PARSING, ERROR_INDEXING)
 FILE_TYPES = ("txt", "md", "html", "pdf")
-
-
-def _in(values: tuple[str, ...]) -> str:
-    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
 
 
 knowledge_bases = Table(
@@ -76,10 +72,10 @@ knowledge_files = Table(
     Column("attempt_token", UUID(as_uuid=True), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.clock_timestamp()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.clock_timestamp()),
-    CheckConstraint(f"status IN {_in(STATUSES)}", name="status"),
-    CheckConstraint(f"file_type IN {_in(FILE_TYPES)}", name="file_type"),
+    CheckConstraint(f"status IN {sql_in(STATUSES)}", name="status"),
+    CheckConstraint(f"file_type IN {sql_in(FILE_TYPES)}", name="file_type"),
     CheckConstraint(
-        f"status NOT IN {_in(ATTEMPT_BOUND)} OR (task_id IS NOT NULL AND attempt_token IS NOT NULL)",
+        f"status NOT IN {sql_in(ATTEMPT_BOUND)} OR (task_id IS NOT NULL AND attempt_token IS NOT NULL)",
         name="owned_in_progress",
     ),
 )
