@@ -22,8 +22,8 @@ from tasks_core.context import TaskCancelled, TaskContext
 from tasks_core.lease import DatabaseUnavailable, LeaseClock, retry_transient
 from tasks_core.model import Status
 from tasks_core.registry import TaskSpec
-from tasks_core.relay import relay
-from tasks_core.repository import Claim, HookFailed, OwnershipLost
+from tasks_core.relay import publish_due, relay
+from tasks_core.repository import Claim, HookFailed, OwnershipLost, RelayOptions
 from tasks_core.services import Services
 
 log = logging.getLogger(__name__)
@@ -117,17 +117,28 @@ async def run_task(services: Services, raw_id: object, shutdown: ShutdownSignal 
         services, claim, spec, shutdown or ShutdownSignal(), claim_answered_at=time.monotonic()
     )
     status = await execution.run()
-    if execution.unresponsive:
-        raise HandlerUnresponsive(status)
-    if status != "lost":
+    if execution.relayed is not None:
+        # The terminal write already picked what the freed slot takes next: send it.
+        await _publish_quietly(services, task_id, execution.relayed)
+    elif status != "lost":
         # A slot just freed (or a task went back to pending): hand it on without waiting for beat.
         await _relay_quietly(services, task_id)
+    if execution.unresponsive:
+        raise HandlerUnresponsive(status)
     return RunOutcome(True, status)
 
 
 async def _relay_quietly(services: Services, task_id: uuid.UUID) -> None:
     try:
         await relay(services)
+    except Exception:
+        log.exception("relay after task %s failed; the publisher will catch up", task_id)
+
+
+async def _publish_quietly(services: Services, task_id: uuid.UUID, due: list[tuple[uuid.UUID, str]]) -> None:
+    # A failed publish is recorded on the rows (publish_due), which the relay or publisher re-send.
+    try:
+        await publish_due(services, due, by="relay")
     except Exception:
         log.exception("relay after task %s failed; the publisher will catch up", task_id)
 
@@ -173,6 +184,9 @@ class Execution:
         self._finishing = False
         # The handler ignored its cancellation for the whole grace period (it still runs).
         self.unresponsive = False
+        # What the committed terminal write picked for the freed slot (None: no terminal write of
+        # ours committed with a relay, so run_task relays separately).
+        self.relayed: list[tuple[uuid.UUID, str]] | None = None
 
     def stop(self, reason: str) -> None:
         """First reason wins; the handler is cancelled so its finally blocks clean up."""
@@ -369,12 +383,17 @@ class Execution:
     async def _terminal(
         self, status: Status, result: Any, error: dict[str, str] | None, *, hooks: bool, detail: str | None
     ) -> str:
+        s = self.services.settings
         registry = self.services.registry if hooks else None
+        handing_on = RelayOptions(
+            self.services.registry, capacity=s.capacity, ahead=s.ahead, window=s.publish_seconds,
+            limit=s.publish_batch, owner_max_running=s.owner_max_running,
+        )
         try:
             final = await retry_transient(
-                lambda: self.repo.finish(
+                lambda: self.repo.finish_and_relay(
                     self.task_id, self.token, registry, status=status, result=result, error=error,
-                    detail=detail, kind=(self.spec.task_type, self.spec.version),
+                    detail=detail, kind=(self.spec.task_type, self.spec.version), relay=handing_on,
                 ),
                 lambda: self.lease.deadline,
                 f"terminal write of {self.task_id}",
@@ -387,7 +406,8 @@ class Execution:
                 return ended
             metrics.FENCED_WRITES_REJECTED.labels(write="finish").inc()
             raise
-        return final.value
+        self.relayed = final.relay
+        return final.status.value
 
     def _gone(self, exc: Exception) -> str:
         if isinstance(exc, DatabaseUnavailable):

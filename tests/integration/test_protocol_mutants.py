@@ -29,9 +29,13 @@ def mutate_method(monkeypatch: pytest.MonkeyPatch, name: str, old: str, new: str
 
 def mutate_sql(monkeypatch: pytest.MonkeyPatch, name: str, old: str, new: str) -> None:
     """Replace ``old`` by ``new`` (first occurrence) in the module's SQL constant ``name``."""
-    sql = getattr(repository, name).text
+    original = getattr(repository, name)
+    sql = original.text
     assert old in sql, f"mutant of {name} no longer applies: {old!r}"
-    monkeypatch.setattr(repository, name, text(sql.replace(old, new, 1)))
+    mutated = text(sql.replace(old, new, 1))
+    if isinstance(original, repository.Statement):  # a hot-path statement sent through the driver
+        mutated = repository.Statement(mutated)
+    monkeypatch.setattr(repository, name, mutated)
 
 
 MUTANTS = {

@@ -151,3 +151,68 @@ async def test_a_session_idle_inside_a_transaction_is_ended_after_a_lease(clean_
         assert ended
     finally:
         await svc.close()
+
+
+async def test_the_terminal_write_hands_its_freed_slot_to_the_oldest_waiting_task(services: Any) -> None:
+    """The relay's work done by the terminal statement itself: with capacity full and nothing
+    queued ahead, ending one task stamps exactly one waiting task — the oldest — and returns it."""
+    from tasks_core.model import Status
+    from tasks_core.repository import Claim, RelayOptions
+
+    repo, registry = services.repo, services.registry
+    ids = [(await Submitter(services).submit(TaskIntent("diagnostics.noop", {}))).task_id for _ in range(6)]
+    claims = [await repo.claim(task_id, registry, capacity=3, lease_seconds=30) for task_id in ids]
+    assert [isinstance(c, Claim) for c in claims] == [True] * 3 + [False] * 3  # 3 dropped, unstamped
+    first = claims[0]
+    assert isinstance(first, Claim)
+    hand_on = RelayOptions(registry, capacity=3, ahead=0, window=60.0, limit=100)
+    finished = await repo.finish_and_relay(ids[0], first.token, registry, status=Status.SUCCESS, relay=hand_on)
+    assert finished.status == Status.SUCCESS
+    assert finished.relay == [(ids[3], "diagnostics.noop")]
+    stamped = [(await repo.get(i))["last_published_at"] is not None for i in ids[3:]]
+    assert stamped == [True, False, False]
+
+
+async def test_a_refused_terminal_write_hands_nothing_on(services: Any) -> None:
+    from tasks_core.model import Status
+    from tasks_core.repository import Claim, OwnershipLost, RelayOptions
+
+    repo, registry = services.repo, services.registry
+    ids = [(await Submitter(services).submit(TaskIntent("diagnostics.noop", {}))).task_id for _ in range(3)]
+    claim = await repo.claim(ids[0], registry, capacity=1, lease_seconds=30)
+    assert isinstance(claim, Claim)
+    assert await repo.claim(ids[1], registry, capacity=1, lease_seconds=30) == "capacity_full"
+    hand_on = RelayOptions(registry, capacity=1, ahead=4, window=60.0, limit=100)
+    try:
+        await repo.finish_and_relay(ids[0], uuid.uuid4(), registry, status=Status.SUCCESS, relay=hand_on)
+    except OwnershipLost:
+        pass
+    else:
+        raise AssertionError("a terminal write under a stranger's token was accepted")
+    assert (await repo.get(ids[0]))["status"] == "running"
+    assert (await repo.get(ids[1]))["last_published_at"] is None  # nothing stamped for a refused write
+
+
+async def test_workers_handing_on_through_the_terminal_write_strand_nothing(
+    services: Any, redis_client: Any
+) -> None:
+    """The big batch again, each message run by the real runtime (claim, handler, terminal write
+    that picks the freed slot's next task, publish): every task runs, one message each."""
+    import json
+
+    from tasks_core.runtime import run_task
+
+    s = services.settings
+    s.publish_ahead = 2
+    outcomes = await Submitter(services).submit_many(
+        [TaskIntent("diagnostics.noop", {"n": i}) for i in range(40)]
+    )
+    assert sum(o.published for o in outcomes) == s.capacity + 2  # type: ignore[union-attr]
+    messages = 0
+    while (raw := redis_client.rpop("durable")) is not None:
+        messages += 1
+        outcome = await run_task(services, json.loads(raw)["headers"]["argsrepr"].strip("[]'(),"))
+        assert outcome.claimed and outcome.status == "success", outcome
+    summary = await services.repo.summary()
+    assert summary["by_status"]["success"] == 40 and summary["total"] == 40  # nothing stranded
+    assert messages == 40  # one message per task
