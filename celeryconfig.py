@@ -136,9 +136,12 @@ task_soft_time_limit = None
 # A child per task, recycled now and then to bound memory growth in long-lived workers.
 worker_max_tasks_per_child = 1000
 
-# Task events for Flower.
+# Task events for Flower: received, started, succeeded... from the workers. No "sent" event: every
+# task id is published by our own code (submission, relay after each task, publisher), where a sent
+# event would be a second Redis publish per message (about 0.3 ms of CPU each, docs/benchmarks.md);
+# a task not yet received is pending in PostgreSQL, which the api and dashboard show.
 worker_send_task_events = True
-task_send_sent_event = True
+task_send_sent_event = False
 
 # Beat only schedules; workers run the duties. Each entry expires after its interval, so a backlog
 # of duty messages never piles up while workers are down (each duty is also safe to run twice).

@@ -9,6 +9,8 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from sqlalchemy.ext.asyncio import AsyncConnection
+
 from tasks_core import metrics
 from tasks_core.services import Services
 from tasks_core.transport import DURABLE_QUEUE
@@ -24,8 +26,15 @@ class Relayed:
 
 async def relay(services: Services, *, by: str = "relay") -> Relayed:
     """Publish what capacity can take now (see TaskRepository.take_due)."""
+    return await publish_due(services, await take_relay_due(services), by=by)
+
+
+async def take_relay_due(
+    services: Services, conn: AsyncConnection | None = None
+) -> list[tuple[uuid.UUID, str]]:
+    """Stamp what capacity can take now; in ``conn``'s transaction if given (publish after commit)."""
     s = services.settings
-    due = await services.repo.take_due(
+    return await services.repo.take_due(
         services.registry,
         capacity=s.capacity,
         ahead=s.ahead,
@@ -33,8 +42,8 @@ async def relay(services: Services, *, by: str = "relay") -> Relayed:
         limit=s.publish_batch,
         republish_after=None,
         owner_max_running=s.owner_max_running,
+        conn=conn,
     )
-    return await publish_due(services, due, by=by)
 
 
 async def publish_due(services: Services, due: list[tuple[uuid.UUID, str]], *, by: str) -> Relayed:

@@ -1284,6 +1284,7 @@ class TaskRepository:
         ahead: int = 0,
         window: float = 60.0,
         owner_max_running: int | None = None,
+        conn: AsyncConnection | None = None,
     ) -> list[tuple[uuid.UUID, str]]:
         """The oldest runnable pending tasks the cluster can take now (id, type), stamped as
         published.
@@ -1294,20 +1295,22 @@ class TaskRepository:
         slot freed later is handed on by the relay. Always due: tasks with no message in flight
         (never sent, or their message was dropped by a refused claim). With ``republish_after``
         (the publisher) also tasks sent longer ago than that, whose message may be lost. Without
-        ``capacity``, no budget: up to ``limit``.
+        ``capacity``, no budget: up to ``limit``. In ``conn``'s transaction if given (a submission
+        stamps its own tasks before its commit, then publishes them).
         """
-        rows = await self._fetch(
-            PUBLISH_DUE_SQL,
-            self._p(
-                cap=capacity,
-                ahead=ahead,
-                window=window,
-                after=republish_after,
-                limit=limit,
-                omax=owner_max_running,
-                **_runnable_arrays(registry),
-            ),
+        params = self._p(
+            cap=capacity,
+            ahead=ahead,
+            window=window,
+            after=republish_after,
+            limit=limit,
+            omax=owner_max_running,
+            **_runnable_arrays(registry),
         )
+        if conn is None:
+            rows = await self._fetch(PUBLISH_DUE_SQL, params)
+        else:
+            rows = [dict(r) for r in (await conn.execute(PUBLISH_DUE_SQL.clause, params)).mappings()]
         due = sorted(rows, key=lambda r: (r["created_at"], r["id"]))
         return [(r["id"], r["task_type"]) for r in due]
 

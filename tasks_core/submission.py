@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tasks_core.db import is_transient
 from tasks_core.registry import Registry, TaskSpec
-from tasks_core.relay import Relayed, relay
+from tasks_core.relay import Relayed, publish_due, take_relay_due
 from tasks_core.repository import NewTask
 from tasks_core.services import Services
 from tasks_core.settings import Settings
@@ -317,9 +317,12 @@ class Submitter:
         async with self.services.engine.connect() as conn, conn.begin():
             tx = SubmitTransaction(self, conn, owner, admin)
             yield tx
-        # Committed: now, and only now, the ids may travel. The connection is back in the pool
-        # first: the relay takes one of its own, and holding two per request starves the pool.
-        await self._publish([r for r in tx.results if r.duplicate_of is None])
+            new = [r for r in tx.results if r.duplicate_of is None]
+            # What capacity can take now (these tasks or older ones) is stamped in this same
+            # transaction: no second connection or statement of its own after the commit.
+            due = await take_relay_due(self.services, conn) if new else []
+        # Committed: now, and only now, the ids may travel.
+        await self._publish(new, due)
 
     async def submit(
         self,
@@ -380,13 +383,13 @@ class Submitter:
                 )
         return outcomes
 
-    async def _publish(self, results: list[Submitted]) -> None:
-        """Publish what capacity can take now, oldest pending first (these tasks or older ones);
+    async def _publish(self, results: list[Submitted], due: list[tuple[uuid.UUID, str]]) -> None:
+        """Publish what the transaction stamped, oldest pending first (these tasks or older ones);
         the rest wait, unsent, for the relay to hand them a freed slot."""
         if not results:
             return
         try:
-            relayed = await relay(self.services, by="submit")
+            relayed = await publish_due(self.services, due, by="submit")
         except Exception as exc:  # committed intents are never reported lost: the publisher sends them
             if not is_transient(exc):
                 raise

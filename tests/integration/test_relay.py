@@ -166,7 +166,9 @@ async def test_the_terminal_write_hands_its_freed_slot_to_the_oldest_waiting_tas
     first = claims[0]
     assert isinstance(first, Claim)
     hand_on = RelayOptions(registry, capacity=3, ahead=0, window=60.0, limit=100)
-    finished = await repo.finish_and_relay(ids[0], first.token, registry, status=Status.SUCCESS, relay=hand_on)
+    finished = await repo.finish_and_relay(
+        ids[0], first.token, registry, status=Status.SUCCESS, relay=hand_on
+    )
     assert finished.status == Status.SUCCESS
     assert finished.relay == [(ids[3], "diagnostics.noop")]
     stamped = [(await repo.get(i))["last_published_at"] is not None for i in ids[3:]]
