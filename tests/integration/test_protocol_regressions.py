@@ -35,6 +35,6 @@ async def test_a_late_message_for_a_finished_task_takes_no_slot_from_a_live_clai
         **_type_caps(registry),
     )
     async with engine.connect() as late, late.begin():
-        assert (await late.execute(CLAIM_SQL, params)).first() is None  # refused, transaction open
+        assert (await late.execute(CLAIM_SQL.clause, params)).first() is None  # refused, transaction open
         live = await repo.claim(waiting, registry, capacity=1, lease_seconds=30.0, worker="live")
     assert isinstance(live, Claim), f"the live claim was refused: {live}"
