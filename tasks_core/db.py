@@ -103,8 +103,9 @@ def make_engine(
     pre_ping: bool = True,
     max_overflow: int = 5,
     pool_wait_seconds: float | None = None,
+    plan_cache_mode: str | None = None,
 ) -> AsyncEngine:
-    """An asyncpg engine whose every call has a deadline.
+    """An asyncpg engine whose every call has a deadline (and, given, its sessions' plan_cache_mode).
 
     ``statement_seconds`` bounds each statement on the client side (a paused or partitioned server
     never answers, so a server-side timeout would not fire); ``connect_seconds`` bounds a new
@@ -123,6 +124,8 @@ def make_engine(
             server["idle_in_transaction_session_timeout"] = str(
                 max(1, int(idle_in_transaction_seconds * 1000))
             )
+        if plan_cache_mode:
+            server["plan_cache_mode"] = plan_cache_mode
         connect_args["server_settings"] = server
         connect_args["timeout"] = connect_seconds
         if statement_seconds:

@@ -55,6 +55,7 @@ def build_services(
     pre_ping: bool = True,
     max_overflow: int = 5,
     pool_wait_seconds: float | None = None,
+    plan_cache_mode: str | None = None,
 ) -> Services:
     """The engine's statements get ``statement_seconds`` each (default: a lease — no statement of
     ours may outlast one: an owning transaction that long has lost its lease anyway)."""
@@ -72,6 +73,7 @@ def build_services(
         pre_ping=pre_ping,
         max_overflow=max_overflow,
         pool_wait_seconds=pool_wait_seconds,
+        plan_cache_mode=plan_cache_mode,
     )
     return Services(
         settings=settings,

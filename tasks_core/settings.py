@@ -79,6 +79,12 @@ class Settings(BaseSettings):
     # the next task queued the moment a slot frees. More only fills the broker with messages that
     # will be refused; 0 waits for the relay's round trip at every hand-off.
     publish_ahead: int | None = Field(default=None, ge=0)
+    # How PostgreSQL plans the statements of worker sessions (its plan_cache_mode). The claim and
+    # terminal statements are prepared once per connection; left to "auto", PostgreSQL re-plans
+    # several of them at every execution, which cost a third of the database's CPU per task
+    # (docs/benchmarks.md). Generic plans suit statements that look rows up by key or by partial
+    # index, as ours do; "auto" for a handler whose own queries need plans for their values.
+    worker_plan_cache_mode: Literal["auto", "force_generic_plan", "force_custom_plan"] = "force_generic_plan"
     # Most pending tasks one publisher run sends: batches keep each duty run short and bounded.
     publish_batch: int = Field(default=500, ge=1)
     # Most expired leases one reconciler run converges (bounded, like the publisher's).

@@ -102,7 +102,11 @@ async def _run(opts: SubmitOptions) -> dict[str, Any]:
                                 "--port", str(port)], settings)
         doc.settings["api_argv"] = api.argv
         pq = peers.Procrastinate(db_url) if pv is not None else None
-        limits = httpx.Limits(max_connections=opts.clients, max_keepalive_connections=opts.clients)
+        # Idle keep-alive connections are dropped by the client before uvicorn's 5 s keep-alive
+        # timeout closes them: the same 5 s on both sides races, and the first request of a round
+        # that follows a long in-process round then meets a closed socket (httpx ReadError).
+        limits = httpx.Limits(max_connections=opts.clients, max_keepalive_connections=opts.clients,
+                              keepalive_expiry=2.0)
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120, limits=limits,
                                          headers={"Authorization": f"Bearer {secret}"}) as client:

@@ -43,6 +43,17 @@ def test_the_loop_serves_the_database_from_any_caller(worker_loop: WorkerLoop) -
         assert list(pool.map(lambda _: worker_loop.run(count()), range(16))) == [0] * 16
 
 
+def test_worker_sessions_plan_as_the_setting_says(worker_loop: WorkerLoop) -> None:
+    """Generic plans by default (the hot statements are not re-planned at every execution)."""
+    from sqlalchemy import text
+
+    async def mode() -> str:
+        async with worker_loop.services.engine.connect() as conn:
+            return str((await conn.execute(text("SHOW plan_cache_mode"))).scalar_one())
+
+    assert worker_loop.run(mode()) == "force_generic_plan"
+
+
 def test_the_watchdog_names_the_handler_that_blocks_the_loop(caplog: pytest.LogCaptureFixture) -> None:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
