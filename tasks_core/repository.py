@@ -75,10 +75,15 @@ class Statement:
         return [params[name] for name in self.names]
 
 
-def _due_ctes(freed: str = "0") -> str:
+def _due_ctes(freed: str = "0", *, republish: bool = False) -> str:
     """`budget` and `due`: the oldest runnable pending tasks capacity can take now (see take_due),
     locked for stamping. ``freed``: slots this same statement gives back, which its snapshot still
-    sees as held."""
+    sees as held. Without ``republish`` only tasks with no message in flight are due (the relay's
+    case, which ix_tasks_unpublished serves whatever the plan); with it also those published
+    longer than ``:after`` seconds ago (the publisher's)."""
+    unsent = "last_published_at IS NULL"
+    if republish:
+        unsent = f"({unsent} OR last_published_at < {NOW} - make_interval(secs => :after))"
     return f"""budget AS (
         SELECT CASE WHEN CAST(:cap AS int) IS NULL THEN CAST(:limit AS int) ELSE
             CAST(:cap AS int) + CAST(:ahead AS int) + ({freed})
@@ -91,8 +96,7 @@ def _due_ctes(freed: str = "0") -> str:
         SELECT id FROM tasks
         WHERE status = 'pending' AND cancel_requested_at IS NULL
           AND (not_before IS NULL OR not_before <= {NOW})
-          AND (last_published_at IS NULL OR (CAST(:after AS float8) IS NOT NULL
-               AND last_published_at < {NOW} - make_interval(secs => :after)))
+          AND {unsent}
           AND (task_type, handler_version) IN (
               SELECT * FROM unnest(CAST(:types AS text[]), CAST(:versions AS int[])))
           AND {OWNER_UNDER_LIMIT}
@@ -175,13 +179,13 @@ FINISH_SQL = Statement(text(
         (SELECT array_agg(task_type ORDER BY created_at, id) FROM relayed) AS relay_types
     FROM done"""
 ))
-# What the relay, the publisher and a submission send, in one statement (see claim_for_publish).
-PUBLISH_DUE_SQL = Statement(text(
-    f"""WITH {_due_ctes()}
-    UPDATE tasks t SET last_published_at = {NOW}, publish_error = NULL
+# What the relay and a submission send (RELAY_DUE_SQL), and the publisher (PUBLISH_DUE_SQL: also
+# what was sent long ago), in one statement each (see take_due).
+_STAMP_DUE = f"""UPDATE tasks t SET last_published_at = {NOW}, publish_error = NULL
     FROM due WHERE t.id = due.id
     RETURNING t.id, t.created_at, t.task_type"""
-))
+RELAY_DUE_SQL = Statement(text(f"WITH {_due_ctes()}\n    {_STAMP_DUE}"))
+PUBLISH_DUE_SQL = Statement(text(f"WITH {_due_ctes(republish=True)}\n    {_STAMP_DUE}"))
 # A slot row held for a task that is not running under the slot's token.
 ORPHAN_SLOT = """s.task_id IS NOT NULL AND NOT EXISTS (
     SELECT 1 FROM tasks t WHERE t.id = s.task_id AND t.status = 'running' AND t.attempt_token = s.token)"""
@@ -883,9 +887,9 @@ class TaskRepository:
     def _due_params(self, relay: RelayOptions | None) -> dict[str, Any]:
         """take_due's parameters for a terminal write's relay (limit 0: no relay)."""
         if relay is None:
-            return {"cap": None, "ahead": 0, "window": 0.0, "after": None, "limit": 0, "omax": None,
+            return {"cap": None, "ahead": 0, "window": 0.0, "limit": 0, "omax": None,
                     "types": [], "versions": []}
-        return {"cap": relay.capacity, "ahead": relay.ahead, "window": relay.window, "after": None,
+        return {"cap": relay.capacity, "ahead": relay.ahead, "window": relay.window,
                 "limit": relay.limit, "omax": relay.owner_max_running,
                 **_runnable_arrays(relay.registry)}
 
@@ -1302,15 +1306,17 @@ class TaskRepository:
             cap=capacity,
             ahead=ahead,
             window=window,
-            after=republish_after,
             limit=limit,
             omax=owner_max_running,
             **_runnable_arrays(registry),
         )
+        statement = RELAY_DUE_SQL
+        if republish_after is not None:
+            statement, params["after"] = PUBLISH_DUE_SQL, republish_after
         if conn is None:
-            rows = await self._fetch(PUBLISH_DUE_SQL, params)
+            rows = await self._fetch(statement, params)
         else:
-            rows = [dict(r) for r in (await conn.execute(PUBLISH_DUE_SQL.clause, params)).mappings()]
+            rows = [dict(r) for r in (await conn.execute(statement.clause, params)).mappings()]
         due = sorted(rows, key=lambda r: (r["created_at"], r["id"]))
         return [(r["id"], r["task_type"]) for r in due]
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from tasks_core.bench import peers, pgbench, plain_app
+from tasks_core.bench import cpu, peers, pgbench, plain_app
 from tasks_core.bench.common import (
     BenchEnv,
     CommonOptions,
@@ -185,11 +185,13 @@ async def durable_round(
             await submit(services, NOOP, [{}] * opts.warmup)
             await wait_terminal(env, engine, opts.warmup, procs=[proc], stall_seconds=opts.stall_seconds)
         env.redis.delete(METRICS_KEY)  # count the measured tasks' claims only
+        cpu_before = cpu.snapshot([proc.pid])
         t0 = await db_now(engine)
         ids = await submit(services, NOOP, [{}] * opts.tasks)
         submitted = await db_now(engine)
         await wait_terminal(env, engine, opts.warmup + opts.tasks, procs=[proc],
                             stall_seconds=opts.stall_seconds)
+        cpu_spent = cpu.ms_per_task(cpu_before, cpu.snapshot([proc.pid]), opts.tasks)
     finally:
         env.kill(proc)
     async with engine.connect() as conn:
@@ -209,6 +211,7 @@ async def durable_round(
         "succeeded": int(facts["ok"]),
         "attempts": int(facts["attempts"] or 0),
         "worker_startup_seconds": startup,
+        **cpu_spent,
         **_worker_metrics(env),
         "settings": {"env": effective_settings(settings), "argv": proc.argv},
     }
@@ -222,12 +225,14 @@ async def _plain_round(env: BenchEnv, opts: ThroughputOptions) -> dict[str, Any]
         startup = await env.wait_ready(proc)
         if opts.warmup:
             await _plain_batch(env, opts.warmup, proc, opts.stall_seconds)
+        cpu_before = cpu.snapshot([proc.pid])
         t0, last = await _plain_batch(env, opts.tasks, proc, opts.stall_seconds)
+        cpu_spent = cpu.ms_per_task(cpu_before, cpu.snapshot([proc.pid]), opts.tasks)
     finally:
         env.kill(proc)
     elapsed = last - t0
     return {"tasks": opts.tasks, "seconds": elapsed, "tasks_per_s": opts.tasks / elapsed,
-            "worker_startup_seconds": startup, "argv": proc.argv}
+            "worker_startup_seconds": startup, **cpu_spent, "argv": proc.argv}
 
 
 async def _plain_batch(env: BenchEnv, n: int, proc: Any, stall_seconds: float) -> tuple[float, float]:
@@ -282,10 +287,14 @@ def _finish(
     for name in rounds.descriptions:
         m = rounds.medians(name)
         rows.append([name, m.get("tasks_per_s"), m.get("seconds"), len(rounds.rounds[name]),
-                     ratio(m.get("tasks_per_s"), plain), ratio(m.get("tasks_per_s"), pg)])
+                     ratio(m.get("tasks_per_s"), plain), ratio(m.get("tasks_per_s"), pg),
+                     *(m.get(f"cpu_{kind}_ms") for kind in cpu.KINDS)])
     broker = doc.settings.get("broker", {}).get("kind", "redis")
-    doc.table(f"throughput on {broker}: median tasks/s over rounds",
-              ["variant", "tasks/s", "seconds", "rounds", "x plain", f"x pgbench-c{pg_best}"], rows)
+    doc.table(f"throughput on {broker}: median tasks/s over rounds; CPU ms per task",
+              ["variant", "tasks/s", "seconds", "rounds", "x plain", f"x pgbench-c{pg_best}",
+               "cpu main", "cpu children", "cpu pg", "cpu redis"], rows)
+    doc.note("cpu: CPU ms per task of the worker's main process, its pool children, every PostgreSQL "
+             "and every Redis process on this host (durable and plain rounds only)")
     doc.note("durable and plain rounds each start a fresh worker; startup is excluded from the timing")
     if not any(name.startswith("pgbench") for name in rounds.descriptions):
         doc.note("pgbench not found (PATH, /usr/lib/postgresql/*/bin): no database-limit variants")

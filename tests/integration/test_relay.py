@@ -218,3 +218,42 @@ async def test_workers_handing_on_through_the_terminal_write_strand_nothing(
     summary = await services.repo.summary()
     assert summary["by_status"]["success"] == 40 and summary["total"] == 40  # nothing stranded
     assert messages == 40  # one message per task
+
+
+async def test_under_the_workers_generic_plans_the_budget_and_the_pick_read_their_indexes(
+    services: Any,
+) -> None:
+    """Workers plan generically (DTASK_WORKER_PLAN_CACHE_MODE). The budget's count of messages in
+    flight must still read ix_tasks_in_flight and the relay's pick ix_tasks_unpublished, never the
+    pending rows: counting in flight over them cost 26 ms per relay at 100 k pending."""
+    import json
+
+    import asyncpg
+    from sqlalchemy import text
+
+    from tasks_core.repository import FINISH_SQL, RELAY_DUE_SQL, _runnable_arrays
+
+    async with services.engine.begin() as conn:
+        await conn.execute(text(
+            """INSERT INTO tasks (id, task_type, handler_version, payload, status, timeout_seconds,
+                                  created_at, last_published_at)
+            SELECT gen_random_uuid(), 'diagnostics.noop', 1, '{}', 'pending', 60,
+                   clock_timestamp() - make_interval(secs => i),
+                   CASE WHEN i <= 8 THEN clock_timestamp() END  -- capacity + ahead in flight
+            FROM generate_series(1, 20000) AS i"""
+        ))
+        await conn.execute(text("ANALYZE tasks"))
+    params = {"now": None, "cap": 4, "ahead": 4, "window": 60.0, "limit": 500, "omax": None,
+              **_runnable_arrays(services.registry), "id": uuid.uuid4(), "tok": uuid.uuid4(),
+              "status": "success", "outcome": "success", "detail": None, "result": "{}", "error": None,
+              "cancelled": "{}"}
+    dsn = services.settings.database_url.replace("+asyncpg", "")
+    raw = await asyncpg.connect(dsn, server_settings={"plan_cache_mode": "force_generic_plan"})
+    try:
+        for statement in (RELAY_DUE_SQL, FINISH_SQL):
+            prepared = await raw.prepare(statement.query)
+            plan = json.dumps(await prepared.explain(*statement.args(params)))
+            assert "ix_tasks_in_flight" in plan, plan
+            assert "ix_tasks_unpublished" in plan, plan
+    finally:
+        await raw.close()

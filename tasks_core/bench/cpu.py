@@ -1,0 +1,65 @@
+"""Where a round's CPU goes: the worker's main process and its pool children, PostgreSQL, Redis.
+
+Read from /proc (user + system time) before and after the measured stretch, so a ratio between
+variants can be explained by who spends the CPU per task, not only stated. PostgreSQL and Redis are
+found by process name: every backend and server process on the host counts, so the figures are
+only the round's own on a machine where nothing else uses them. A process that exits inside the
+stretch (a recycled pool child) counts up to its last reading only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from tasks_core.processes import process_tree
+
+KINDS = ("worker_main", "worker_children", "postgres", "redis")
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+Readings = dict[int, tuple[str, float]]
+
+
+def _read(pid: int) -> tuple[str, float] | None:
+    """(command name, CPU seconds) of a live process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    name = stat[stat.find("(") + 1 : stat.rfind(")")]
+    fields = stat.rsplit(")", 1)[1].split()
+    return name, (int(fields[11]) + int(fields[12])) / _TICK  # utime + stime
+
+
+def _all_pids() -> Iterable[int]:
+    return (int(e) for e in os.listdir("/proc") if e.isdigit())
+
+
+def snapshot(worker_pids: Iterable[int]) -> Readings:
+    """CPU seconds of the workers' trees (main process first in each tree) and of every
+    PostgreSQL and Redis process, by kind."""
+    readings: Readings = {}
+    for main in worker_pids:
+        for pid in process_tree(main):
+            got = _read(pid)
+            if got is not None:
+                readings[pid] = ("worker_main" if pid == main else "worker_children", got[1])
+    for pid in _all_pids():
+        if pid in readings:
+            continue
+        got = _read(pid)
+        if got is None:
+            continue
+        if got[0].startswith("postgres"):
+            readings[pid] = ("postgres", got[1])
+        elif got[0].startswith("redis-server"):
+            readings[pid] = ("redis", got[1])
+    return readings
+
+
+def ms_per_task(before: Readings, after: Readings, tasks: int) -> dict[str, float]:
+    """CPU milliseconds per task by kind, between two snapshots: ``cpu_<kind>_ms``."""
+    spent = dict.fromkeys(KINDS, 0.0)
+    for pid, (kind, seconds) in after.items():
+        spent[kind] += seconds - before.get(pid, (kind, 0.0))[1]
+    return {f"cpu_{kind}_ms": round(1000 * spent[kind] / max(tasks, 1), 3) for kind in KINDS}
