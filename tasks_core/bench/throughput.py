@@ -287,14 +287,16 @@ def _finish(
     for name in rounds.descriptions:
         m = rounds.medians(name)
         rows.append([name, m.get("tasks_per_s"), m.get("seconds"), len(rounds.rounds[name]),
-                     ratio(m.get("tasks_per_s"), plain), ratio(m.get("tasks_per_s"), pg),
-                     *(m.get(f"cpu_{kind}_ms") for kind in cpu.KINDS)])
+                     ratio(m.get("tasks_per_s"), plain), ratio(m.get("tasks_per_s"), pg)])
+        spent = {kind: m[f"cpu_{kind}_ms"] for kind in cpu.KINDS if f"cpu_{kind}_ms" in m}
+        if spent:
+            parts = ", ".join(f"{kind} {v:.2f}" for kind, v in spent.items())
+            doc.note(f"CPU ms per task, {name}: {parts} (total {sum(spent.values()):.2f})")
     broker = doc.settings.get("broker", {}).get("kind", "redis")
-    doc.table(f"throughput on {broker}: median tasks/s over rounds; CPU ms per task",
-              ["variant", "tasks/s", "seconds", "rounds", "x plain", f"x pgbench-c{pg_best}",
-               "cpu main", "cpu children", "cpu pg", "cpu redis"], rows)
-    doc.note("cpu: CPU ms per task of the worker's main process, its pool children, every PostgreSQL "
-             "and every Redis process on this host (durable and plain rounds only)")
+    doc.table(f"throughput on {broker}: median tasks/s over rounds",
+              ["variant", "tasks/s", "seconds", "rounds", "x plain", f"x pgbench-c{pg_best}"], rows)
+    doc.note("CPU per task: the worker's main process, its pool children, and every PostgreSQL and "
+             "Redis process on this host (/proc, user + system)")
     doc.note("durable and plain rounds each start a fresh worker; startup is excluded from the timing")
     if not any(name.startswith("pgbench") for name in rounds.descriptions):
         doc.note("pgbench not found (PATH, /usr/lib/postgresql/*/bin): no database-limit variants")

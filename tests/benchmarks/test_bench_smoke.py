@@ -116,6 +116,12 @@ def test_throughput(tmp_path: Path, redis_url: str) -> None:
     assert durable["succeeded"] == durable["tasks"] == data["settings"]["tasks"]
     assert data["settings"]["worker_settings"]["durable-cap2"]["env"]["capacity"] == 2
     assert data["settings"]["celery"]["worker_disable_prefetch"] is True
+    # Where the CPU went, per task: the durable pool children claim, run and finish, PostgreSQL serves
+    # them; the plain worker touches no database.
+    assert durable["cpu_worker_children_ms"] > 0 and durable["cpu_postgres_ms"] > 0
+    plain = data["variants"]["plain-celery"]["rounds"][0]
+    assert plain["cpu_worker_main_ms"] > 0 and plain["cpu_worker_children_ms"] > 0
+    assert any(note.startswith("CPU ms per task, durable-cap2:") for note in data["notes"])
     # A peer that is not installed is named in one line, and the run goes on without it.
     for peer, missing in (("procrastinate", peers.PROCRASTINATE_MISSING), ("arq", peers.ARQ_MISSING)):
         assert (missing in data["notes"]) == (peer not in data["variants"])
