@@ -679,6 +679,7 @@ class TaskRepository:
         is taken without the AUTOCOMMIT option, whose set and reset cost each checkout CPU."""
         async with self.engine.connect() as conn:
             driver = (await conn.get_raw_connection()).driver_connection
+            assert driver is not None  # a checked-out connection always has its driver's
             try:
                 records = await driver.fetch(statement.query, *statement.args(params))
             except Exception as exc:
