@@ -196,6 +196,20 @@ UNPUBLISH_SQL = text("UPDATE tasks SET last_published_at = NULL WHERE id = :id A
 # waiting_reason counts at most this many older pending tasks of the same owner.
 WAITING_COUNT_CAP = 1000
 
+
+def waiting_facts_sql(ownerless: bool) -> str:
+    """What waiting_reason reads. The older tasks are counted in index order, newest first, so the
+    scan stops at the cap: unordered, PostgreSQL built a bitmap of the owner's whole pending queue
+    first (2x slower at 100 k pending than at 1 k)."""
+    same_owner = "owner IS NULL" if ownerless else "owner = :owner"
+    return f"""SELECT CAST(:nb AS timestamptz) > {NOW} AS backoff,
+        (SELECT count(*) FROM tasks WHERE status = 'running') AS running,
+        (SELECT count(*) FROM tasks WHERE status = 'running' AND {same_owner}) AS mine_running,
+        (SELECT count(*) FROM (SELECT 1 FROM tasks WHERE status = 'pending' AND {same_owner}
+           AND (created_at, id) < (CAST(:created AS timestamptz), CAST(:id AS uuid))
+           ORDER BY created_at DESC, id DESC
+           LIMIT :cap + 1) older) AS ahead"""
+
 Row = Mapping[str, Any]
 Rows = list[Row]  # spelled once here: inside TaskRepository, `list` is the listing method
 
@@ -1349,21 +1363,11 @@ class TaskRepository:
             return "cancel requested"
         if row["publish_error"]:
             return f"publish failed: {row['publish_error']}"
-        same_owner = "owner IS NULL" if row["owner"] is None else "owner = :owner"
         async with self.engine.connect() as conn:
             facts = (
                 (
                     await conn.execute(
-                        text(
-                            f"""SELECT CAST(:nb AS timestamptz) > {NOW} AS backoff,
-                          (SELECT count(*) FROM tasks WHERE status = 'running') AS running,
-                          (SELECT count(*) FROM tasks WHERE status = 'running' AND {same_owner})
-                            AS mine_running,
-                          (SELECT count(*) FROM (SELECT 1 FROM tasks WHERE status = 'pending'
-                             AND {same_owner}
-                             AND (created_at, id) < (CAST(:created AS timestamptz), CAST(:id AS uuid))
-                             LIMIT :cap + 1) older) AS ahead"""
-                        ),
+                        text(waiting_facts_sql(row["owner"] is None)),
                         self._p(
                             nb=row["not_before"],
                             created=row["created_at"],
