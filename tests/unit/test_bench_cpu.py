@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 
 from tasks_core.bench import cpu
@@ -17,7 +20,27 @@ def test_a_workers_own_cpu_is_counted_per_task_under_its_kind() -> None:
     spent = cpu.ms_per_task(before, cpu.snapshot([os.getpid()]), tasks=3)
     assert set(spent) == {f"cpu_{kind}_ms" for kind in cpu.KINDS}
     assert 80 <= spent["cpu_worker_main_ms"] <= 200  # 300 ms over 3 tasks, at clock-tick granularity
-    assert spent["cpu_worker_children_ms"] == 0
+
+
+def test_a_pool_childs_cpu_counts_as_the_workers_children() -> None:
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(60)"
+    # A "worker" whose one pool child spends 0.3 s of CPU, then idles.
+    worker = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {spin!r}]); " \
+        "time.sleep(60)"
+    parent = subprocess.Popen([sys.executable, "-c", worker], start_new_session=True)
+    try:
+        before = cpu.snapshot([parent.pid])
+        deadline = time.monotonic() + 30
+        while True:
+            after = cpu.snapshot([parent.pid])
+            children = cpu.ms_per_task(before, after, tasks=1)["cpu_worker_children_ms"]
+            if children >= 290 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert 290 <= children <= 400, children
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
 
 
 def test_the_database_and_broker_processes_are_found() -> None:
