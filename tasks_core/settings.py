@@ -81,7 +81,7 @@ class Settings(BaseSettings):
     publish_ahead: int | None = Field(default=None, ge=0)
     # How PostgreSQL plans the statements of worker sessions (its plan_cache_mode). The claim and
     # terminal statements are prepared once per connection; left to "auto", PostgreSQL re-plans
-    # several of them at every execution, which cost a third of the database's CPU per task
+    # several of them at every execution, about a quarter of the database's CPU per no-op task
     # (docs/benchmarks.md). Generic plans suit statements that look rows up by key or by partial
     # index, as ours do; "auto" for a handler whose own queries need plans for their values.
     worker_plan_cache_mode: Literal["auto", "force_generic_plan", "force_custom_plan"] = "force_generic_plan"
