@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tasks_core import metrics
+from tasks_core.repository import RelayOptions
 from tasks_core.services import Services
 from tasks_core.transport import DURABLE_QUEUE
 
@@ -33,16 +34,25 @@ async def take_relay_due(
     services: Services, conn: AsyncConnection | None = None
 ) -> list[tuple[uuid.UUID, str]]:
     """Stamp what capacity can take now; in ``conn``'s transaction if given (publish after commit)."""
-    s = services.settings
+    o = relay_options(services)
     return await services.repo.take_due(
-        services.registry,
-        capacity=s.capacity,
-        ahead=s.ahead,
-        window=s.publish_seconds,
-        limit=s.publish_batch,
+        o.registry,
+        capacity=o.capacity,
+        ahead=o.ahead,
+        window=o.window,
+        limit=o.limit,
         republish_after=None,
-        owner_max_running=s.owner_max_running,
+        owner_max_running=o.owner_max_running,
         conn=conn,
+    )
+
+
+def relay_options(services: Services) -> RelayOptions:
+    """The relay's budget from the settings: for a relay of its own and for a terminal write's."""
+    s = services.settings
+    return RelayOptions(
+        services.registry, capacity=s.capacity, ahead=s.ahead, window=s.publish_seconds,
+        limit=s.publish_batch, owner_max_running=s.owner_max_running,
     )
 
 

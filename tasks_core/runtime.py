@@ -22,8 +22,8 @@ from tasks_core.context import TaskCancelled, TaskContext
 from tasks_core.lease import DatabaseUnavailable, LeaseClock, retry_transient
 from tasks_core.model import Status
 from tasks_core.registry import TaskSpec
-from tasks_core.relay import publish_due, relay
-from tasks_core.repository import Claim, HookFailed, OwnershipLost, RelayOptions
+from tasks_core.relay import publish_due, relay, relay_options
+from tasks_core.repository import Claim, HookFailed, OwnershipLost
 from tasks_core.services import Services
 
 log = logging.getLogger(__name__)
@@ -383,12 +383,8 @@ class Execution:
     async def _terminal(
         self, status: Status, result: Any, error: dict[str, str] | None, *, hooks: bool, detail: str | None
     ) -> str:
-        s = self.services.settings
         registry = self.services.registry if hooks else None
-        handing_on = RelayOptions(
-            self.services.registry, capacity=s.capacity, ahead=s.ahead, window=s.publish_seconds,
-            limit=s.publish_batch, owner_max_running=s.owner_max_running,
-        )
+        handing_on = relay_options(self.services)
         try:
             final = await retry_transient(
                 lambda: self.repo.finish_and_relay(
