@@ -111,10 +111,14 @@ def latency(
         "seconds each capacity-filling sleep lasts in the saturated variant (default 5)", 0.1)] = None,
     concurrency: Concurrency = None,
     capacity: Capacity = None,
+    peers: Annotated[bool | None, typer.Option(
+        "--peers/--no-peers",
+        help="idle plain Celery, and Procrastinate and arq where installed (default on)")] = None,
     quick: Quick = False, rounds: Rounds = None, out: Out = None, admin_url: AdminUrl = None,
     redis_url: RedisUrl = None, redis_db: RedisDb = None, flush_redis: FlushRedis = False,
 ) -> None:
-    """Submit-to-running p50/p99: idle, busy (long tasks beside a free slot), saturated.
+    """Submit-to-running p50/p99: idle, busy (long tasks beside a free slot), saturated, and the
+    relay hand-off; idle beside plain Celery, Procrastinate and arq.
 
     Saturated = the capacity is full of sleeps, so the no-ops wait for a slot (capacity queueing,
     reported apart from transport delay).
@@ -123,8 +127,8 @@ def latency(
 
     _execute(workload, workload.LatencyOptions, quick, out, dict(
         samples=samples, warmup=warmup, saturated_sleep=saturated_sleep, concurrency=concurrency,
-        capacity=capacity, rounds=rounds, admin_url=admin_url, redis_url=redis_url, redis_db=redis_db,
-        flush_redis=flush_redis or None,
+        capacity=capacity, peers=peers, rounds=rounds, admin_url=admin_url, redis_url=redis_url,
+        redis_db=redis_db, flush_redis=flush_redis or None,
     ))
 
 

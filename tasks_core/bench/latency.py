@@ -13,17 +13,28 @@ submit-to-terminal is ``finished_at - created_at``. Variants, in alternating rou
   expect about S. From the same rounds: the **relay hand-off**, from a task's terminal commit to the
   claim of the next task in the freed slot (p50/p99; see ``_handoffs``).
 
+Peers, idle, one no-op at a time on a fresh worker each round (where installed; a missing one is a
+note, not an error):
+
+- ``plain-celery``: the same transport settings, pool and concurrency, no database; publish -> the
+  task's own time stamp (wall clock). Its run is one Redis call, so only "to running" is reported.
+- ``procrastinate``: ``defer_async`` -> its ``started`` and ``succeeded`` events (PostgreSQL's clock);
+  its worker LISTENs, so a defer wakes it at once.
+- ``arq`` at its defaults: enqueue -> the job's own time stamp; arq polls its queue every 0.5 s.
+
 Each round starts a fresh worker (so leftover sleeps never leak into the next round) and warms it up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import text
 
+from tasks_core.bench import peers, throughput
 from tasks_core.bench.common import (
     BenchEnv,
     CommonOptions,
@@ -52,6 +63,7 @@ class LatencyOptions(CommonOptions):
     warmup: int = 20
     saturated_sleep: float = 5.0
     stall_seconds: float = 60.0
+    peers: bool = True  # plain Celery always; Procrastinate and arq where installed
 
 
 QUICK = {"samples": 5, "warmup": 4, "saturated_sleep": 1.0, "rounds": 1, "concurrency": 3, "capacity": 2,
@@ -74,25 +86,53 @@ async def _run(opts: LatencyOptions) -> dict[str, Any]:
             "submitted together WAIT FOR A FREE SLOT (capacity queueing, not transport delay)"
         ),
     }
+    peer_names = _peer_variants(opts, variants)
     doc = Document("latency", public_options(opts), quick=opts.quick)
     rounds = Rounds(variants)
     pooled: dict[str, dict[str, list[float]]] = {
         v: {"running": [], "terminal": [], "handoff": []} for v in variants
     }
+    arq_python = peers.peers_python() if "arq" in variants else None
     async with BenchEnv("latency", opts) as env:
         db_url = await env.create_database("latency")
         services = durable_services(env, db_url, capacity=opts.capacity)
         settings = env.dtask_settings(db_url, capacity=opts.capacity, worker_concurrency=opts.concurrency)
         doc.settings.update(worker_env=effective_settings(settings), celery=env.celery_settings())
+        pq = peers.Procrastinate(db_url) if "procrastinate" in variants else None
         try:
+            if pq is not None:
+                await pq.open()
             for round_no, seq, name in alternate(list(variants), opts.rounds):
-                data, running, terminal, handoffs = await _round(env, services, settings, opts, name)
+                handoffs: list[float] = []
+                if name == "plain-celery":
+                    data, running = await _plain_round(env, opts)
+                    terminal: list[float] = []
+                elif name == "procrastinate":
+                    assert pq is not None
+                    data, running, terminal = await pq.latency_round(
+                        env, services.engine, samples=opts.samples, warmup=opts.warmup,
+                        concurrency=opts.concurrency, stall_seconds=opts.stall_seconds)
+                elif name == "arq":
+                    assert arq_python is not None
+                    data, running = await peers.arq_latency_round(
+                        env, arq_python, samples=opts.samples, warmup=opts.warmup,
+                        concurrency=opts.concurrency)
+                    terminal = []
+                else:
+                    data, running, terminal, handoffs = await _round(env, services, settings, opts, name)
+                if name in peer_names.get("run", []):
+                    doc.settings.setdefault("peer_argv", {})[name] = data.pop("argv")
+                    data.update(_percentiles(running, terminal))
                 pooled[name]["running"] += running
                 pooled[name]["terminal"] += terminal
                 pooled[name]["handoff"] += handoffs
                 rounds.add(name, round_no, seq, data)
         finally:
+            if pq is not None:
+                await pq.close()
             await services.close()
+    for line in peer_names.get("missing", []):
+        doc.note(line)
     for name in variants:
         rounds.extra[name]["pooled"] = {
             "submit_to_running_ms": summarize(pooled[name]["running"]),
@@ -105,22 +145,85 @@ async def _run(opts: LatencyOptions) -> dict[str, Any]:
     for name in ("busy", "saturated"):
         p50 = rounds.extra[name]["pooled"]["submit_to_running_ms"].get("p50")
         doc.data["ratios"][f"{name} / idle (submit-to-running p50)"] = ratio(p50, idle)
+    for name in peer_names.get("run", []):
+        p50 = rounds.extra[name]["pooled"]["submit_to_running_ms"].get("p50")
+        doc.data["ratios"][f"idle / {name} (submit-to-running p50)"] = ratio(idle, p50)
     rows = []
     for name in variants:
         run_ms = rounds.extra[name]["pooled"]["submit_to_running_ms"]
         end_ms = rounds.extra[name]["pooled"]["submit_to_terminal_ms"]
         rows.append([name, run_ms.get("p50"), run_ms.get("p99"), end_ms.get("p50"), end_ms.get("p99"),
-                     run_ms.get("n")])
-    rows.append(["relay hand-off (saturated)", hand.get("p50"), hand.get("p99"), None, None, hand.get("n")])
+                     run_ms.get("n"), ratio(run_ms.get("p50"), idle)])
+    rows.append(["relay hand-off (saturated)", hand.get("p50"), hand.get("p99"), None, None, hand.get("n"),
+                 None])
     doc.data["ratios"]["relay hand-off p99 / idle to running p99"] = ratio(
         hand.get("p99"), rounds.extra["idle"]["pooled"]["submit_to_running_ms"].get("p99"))
-    columns = ["variant", "to running p50", "to running p99", "to terminal p50", "to terminal p99", "samples"]
+    columns = ["variant", "to running p50", "to running p99", "to terminal p50", "to terminal p99", "samples",
+               "p50 x idle"]
     doc.table("latency (ms, pooled over rounds)", columns, rows)
     doc.note("relay hand-off = a terminal commit (finished_at) to the claim (started_at) of the task "
              "that took the freed slot, while the capacity is full and a backlog waits")
     doc.note(f"saturated = waiting for one of {opts.capacity} slots held by {opts.saturated_sleep:g} s "
              "sleeps; compare it with the sleep length, not with idle")
+    if peer_names.get("run"):
+        doc.note("peers run idle, one no-op at a time, on the same machine in the same rounds; plain-celery "
+                 "and arq time stamp their run once (no separate terminal)")
     return doc.finish()
+
+
+def _peer_variants(opts: LatencyOptions, variants: dict[str, str]) -> dict[str, list[str]]:
+    """Add the peers that can run to ``variants``; {"run": names, "missing": one line per missing peer}."""
+    if not opts.peers:
+        return {}
+    variants["plain-celery"] = (
+        f"plain Celery no-op, same transport settings, prefork -c {opts.concurrency}; idle, one at a time, "
+        "publish to the task's own time stamp"
+    )
+    run, missing = ["plain-celery"], []
+    version = peers.procrastinate_version()
+    if version is None:
+        missing.append(peers.PROCRASTINATE_MISSING)
+    else:
+        variants["procrastinate"] = (
+            f"procrastinate {version} no-op, one worker with --concurrency {opts.concurrency}; idle, one "
+            "at a time, defer to its started/succeeded events (PostgreSQL clock)"
+        )
+        run.append("procrastinate")
+    python = peers.peers_python()
+    if python is None:
+        missing.append(peers.ARQ_MISSING)
+    else:
+        variants["arq"] = (
+            f"arq {peers.arq_version(python)} no-op, max_jobs={opts.concurrency}, other settings at arq's "
+            "defaults (0.5 s queue poll); idle, one at a time, enqueue to the job's own time stamp"
+        )
+        run.append("arq")
+    for line in missing:
+        print(f"dtask bench: {line}", file=sys.stderr)
+    return {"run": run, "missing": missing}
+
+
+def _percentiles(running: list[float], terminal: list[float]) -> dict[str, Any]:
+    run_s, end_s = summarize(running), summarize(terminal)
+    return {"to_running_p50_ms": run_s.get("p50"), "to_running_p99_ms": run_s.get("p99"),
+            "to_terminal_p50_ms": end_s.get("p50"), "to_terminal_p99_ms": end_s.get("p99")}
+
+
+async def _plain_round(env: BenchEnv, opts: LatencyOptions) -> tuple[dict[str, Any], list[float]]:
+    """Idle latency of plain Celery on a fresh worker: publish one no-op, wait until it ran, again."""
+    proc = throughput.start_plain_worker(env, opts.concurrency)
+    running: list[float] = []
+    try:
+        startup = await env.wait_ready(proc)
+        if opts.warmup:
+            await throughput.plain_batch(env, opts.warmup, proc, opts.stall_seconds)
+        for _ in range(opts.samples):
+            t0, ran = await throughput.plain_batch(env, 1, proc, opts.stall_seconds, interval=0.002)
+            running.append((ran - t0) * 1000)
+    finally:
+        env.kill(proc)
+    return {"samples": len(running), "succeeded": len(running), "worker_startup_seconds": startup,
+            "argv": proc.argv}, running
 
 
 async def _round(

@@ -113,6 +113,37 @@ class Procrastinate:
         return {"tasks": tasks, "seconds": elapsed, "tasks_per_s": tasks / elapsed,
                 "worker_startup_seconds": startup, "argv": proc.argv}
 
+    async def latency_round(
+        self, env: BenchEnv, engine: Any, *, samples: int, warmup: int, concurrency: int, stall_seconds: float
+    ) -> tuple[dict[str, Any], list[float], list[float]]:
+        """Idle latency on a fresh worker: one no-op at a time, ``defer_async`` then wait for its
+        success. From the job's own events (PostgreSQL's clock): deferred -> started, -> succeeded."""
+        await self.truncate(engine)
+        proc = self.start_worker(env, concurrency)
+        ids: list[int] = []
+        try:
+            startup = await self.wait_ready(env, engine, proc)
+            if warmup:
+                await self.defer_round(warmup, batch=1000)
+                await self._wait_done(env, engine, warmup, proc, stall_seconds, interval=0.002)
+            for i in range(samples):
+                ids.append(await self.task.defer_async())
+                await self._wait_done(env, engine, warmup + i + 1, proc, stall_seconds, interval=0.002)
+        finally:
+            env.kill(proc)
+        async with engine.connect() as conn:
+            rows = (await conn.execute(text(
+                """SELECT d.at AS deferred, s.at AS started, f.at AS succeeded
+                     FROM procrastinate_events d
+                     JOIN procrastinate_events s ON s.job_id = d.job_id AND s.type = 'started'
+                     JOIN procrastinate_events f ON f.job_id = d.job_id AND f.type = 'succeeded'
+                    WHERE d.type = 'deferred' AND d.job_id = ANY(:ids)"""), {"ids": ids})).all()
+        running = [seconds(r.started - r.deferred) * 1000 for r in rows]
+        terminal = [seconds(r.succeeded - r.deferred) * 1000 for r in rows]
+        data = {"samples": len(ids), "succeeded": len(rows), "worker_startup_seconds": startup,
+                "argv": proc.argv}
+        return data, running, terminal
+
     async def wait_ready(self, env: BenchEnv, engine: Any, proc: Proc) -> float:
         """Seconds until the worker has registered itself and LISTENs for new jobs: it registers
         first, and a defer before its LISTEN waits for the 5 s poll instead of the notification."""
@@ -146,7 +177,9 @@ class Procrastinate:
         async with engine.connect() as conn:
             return bool((await conn.execute(text("SELECT count(*) FROM procrastinate_workers"))).scalar_one())
 
-    async def _wait_done(self, env: BenchEnv, engine: Any, n: int, proc: Proc, stall_seconds: float) -> Any:
+    async def _wait_done(
+        self, env: BenchEnv, engine: Any, n: int, proc: Proc, stall_seconds: float, interval: float = 0.05
+    ) -> Any:
         """Until ``n`` jobs succeeded; the time of the last success (PostgreSQL's clock)."""
         last_count, last_change = -1, time.monotonic()
         while True:
@@ -165,7 +198,7 @@ class Procrastinate:
                 last_count, last_change = done, time.monotonic()
             elif time.monotonic() - last_change > stall_seconds:
                 raise BenchError(f"procrastinate: {done} of {n} done, stalled;\n{proc.log_tail()}")
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(interval)
 
 
 # ------------------------------------------------------------------------------------------ arq
@@ -224,14 +257,37 @@ async def wait_arq_ready(env: BenchEnv, proc: Proc) -> float:
 
 async def arq_enqueue(env: BenchEnv, python: str, settings: dict[str, str], *args: str) -> float:
     """Run arq_peer.py's enqueuer (``N`` no-ops, or ``N S`` sleeps); when it began, wall clock."""
-    enqueue = await asyncio.create_subprocess_exec(
-        python, str(ARQ_SCRIPT), "enqueue", *args, env=env.process_env(settings),
+    return float((await _arq_client(env, python, settings, "enqueue", *args))["started"])
+
+
+async def _arq_client(env: BenchEnv, python: str, settings: dict[str, str], *args: str) -> dict[str, Any]:
+    """Run arq_peer.py as arq's client in the peers venv; the JSON it prints."""
+    client = await asyncio.create_subprocess_exec(
+        python, str(ARQ_SCRIPT), *args, env=env.process_env(settings),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=env.dir,
     )
-    out, err = await enqueue.communicate()
-    if enqueue.returncode != 0:
-        raise BenchError(f"arq enqueue failed: {err.decode(errors='replace')[-2000:]}")
-    return float(json.loads(out)["started"])
+    out, err = await client.communicate()
+    if client.returncode != 0:
+        raise BenchError(f"arq {args[0]} failed: {err.decode(errors='replace')[-2000:]}")
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+async def arq_latency_round(
+    env: BenchEnv, python: str, *, samples: int, warmup: int, concurrency: int
+) -> tuple[dict[str, Any], list[float]]:
+    """Idle latency on a fresh arq worker at its defaults (it polls its queue every 0.5 s): one no-op
+    at a time, enqueue -> the job's own time stamp (wall clock, ms)."""
+    proc, settings = start_arq_worker(env, python, concurrency)
+    try:
+        startup = await wait_arq_ready(env, proc)
+        if warmup:
+            await _arq_client(env, python, settings, "latency", str(warmup))
+        running = (await _arq_client(env, python, settings, "latency", str(samples)))["running_ms"]
+    finally:
+        env.kill(proc)
+    return {"samples": len(running), "succeeded": len(running), "worker_startup_seconds": startup,
+            "argv": proc.argv}, running
 
 
 async def _arq_ready(env: BenchEnv) -> bool:

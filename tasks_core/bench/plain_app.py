@@ -54,8 +54,11 @@ def noop() -> None:
     _script()(keys=[DONE_KEY, LAST_KEY], args=[repr(time.time())])
 
 
-def publish(client_app: Any, n: int) -> None:
-    """Publish ``n`` no-ops the way ``CeleryTransport`` publishes task ids (one producer, a loop)."""
+def publish(client_app: Any, n: int) -> float:
+    """Publish ``n`` no-ops the way ``CeleryTransport`` publishes task ids (one producer, a loop);
+    the wall-clock time just before the first one."""
     with client_app.producer_or_acquire() as producer:
+        started = time.time()
         for _ in range(n):
             client_app.send_task(NOOP, queue=DURABLE_QUEUE, producer=producer)
+    return started

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,16 +216,21 @@ async def durable_round(
     }
 
 
-async def _plain_round(env: BenchEnv, opts: ThroughputOptions) -> dict[str, Any]:
+def start_plain_worker(env: BenchEnv, concurrency: int) -> Any:
+    """A fresh plain Celery worker on empty queues: the project's transport settings, no database."""
     env.clear_queues()
-    proc = env.start_worker("plain", env.dtask_settings(None), concurrency=opts.concurrency,
+    return env.start_worker("plain", env.dtask_settings(None), concurrency=concurrency,
                             app="tasks_core.bench.plain_app")
+
+
+async def _plain_round(env: BenchEnv, opts: ThroughputOptions) -> dict[str, Any]:
+    proc = start_plain_worker(env, opts.concurrency)
     try:
         startup = await env.wait_ready(proc)
         if opts.warmup:
-            await _plain_batch(env, opts.warmup, proc, opts.stall_seconds)
+            await plain_batch(env, opts.warmup, proc, opts.stall_seconds)
         cpu_before = cpu.snapshot([proc.pid])
-        t0, last = await _plain_batch(env, opts.tasks, proc, opts.stall_seconds)
+        t0, last = await plain_batch(env, opts.tasks, proc, opts.stall_seconds)
         cpu_spent = cpu.ms_per_task(cpu_before, cpu.snapshot([proc.pid]), opts.tasks)
     finally:
         env.kill(proc)
@@ -235,16 +239,17 @@ async def _plain_round(env: BenchEnv, opts: ThroughputOptions) -> dict[str, Any]
             "worker_startup_seconds": startup, **cpu_spent, "argv": proc.argv}
 
 
-async def _plain_batch(env: BenchEnv, n: int, proc: Any, stall_seconds: float) -> tuple[float, float]:
+async def plain_batch(
+    env: BenchEnv, n: int, proc: Any, stall_seconds: float, interval: float = 0.02
+) -> tuple[float, float]:
     """Publish n no-ops; (publish start, last completion), both wall-clock seconds on this host."""
     env.redis.delete(plain_app.DONE_KEY, plain_app.LAST_KEY)
-    t0 = time.time()
-    await asyncio.to_thread(plain_app.publish, env.celery, n)
+    t0 = await asyncio.to_thread(plain_app.publish, env.celery, n)
 
     async def done() -> bool:
         return int(env.redis.get(plain_app.DONE_KEY) or 0) >= n
 
-    await poll(done, within=stall_seconds + n / 100, interval=0.02, what=f"{n} plain no-ops",
+    await poll(done, within=stall_seconds + n / 100, interval=interval, what=f"{n} plain no-ops",
                check=lambda: env.check_alive(proc))
     return t0, float(env.redis.get(plain_app.LAST_KEY) or 0)
 

@@ -26,7 +26,7 @@ from tests.tools import require_rabbitmq
 EXPECTED_VARIANTS = {
     # Quick throughput: capacity 2 and capacity = concurrency 3; pgbench with 1 and 3 clients.
     "throughput": {"durable-cap2", "durable-cap3", "plain-celery", "pgbench-c1", "pgbench-c3"},
-    "latency": {"idle", "busy", "saturated"},
+    "latency": {"idle", "busy", "saturated", "plain-celery"},
     "recovery": {"kill-worker", "kill-child"},
     "scale": {"small", "large"},
     "soak": {"durable", "plain-celery"},
@@ -40,6 +40,7 @@ PEER_VARIANTS = {
     "submit": {"procrastinate-single": peers.procrastinate_version,
                "procrastinate-batch1000": peers.procrastinate_version},
     "density": {"procrastinate-4": peers.procrastinate_version, "arq-4": peers.peers_python},
+    "latency": {"procrastinate": peers.procrastinate_version, "arq": peers.peers_python},
 }
 # The headline number of each variant (a median across rounds) that must be positive.
 HEADLINE = {
@@ -54,6 +55,9 @@ HEADLINE = {
     "density:prefork-noop": ["tasks_per_s"],
     "density:dense-noop": ["tasks_per_s"],
     "submit:http-healthz": ["seconds", "requests_per_s"],
+    # Their one time stamp is the run: no separate terminal.
+    "latency:plain-celery": ["to_running_p50_ms", "to_running_p99_ms"],
+    "latency:arq": ["to_running_p50_ms", "to_running_p99_ms"],
 }
 
 
@@ -160,6 +164,15 @@ def test_latency(tmp_path: Path, redis_url: str) -> None:
     handoff = data["variants"]["saturated"]["pooled"]["relay_handoff_ms"]
     assert handoff["n"] == data["settings"]["samples"]
     assert 0 < handoff["p50"] <= handoff["p99"]
+    # Idle beside the peers that ran; a missing one is named in one line.
+    for peer in ("plain-celery", "procrastinate", "arq"):
+        assert (f"idle / {peer} (submit-to-running p50)" in data["ratios"]) == (peer in data["variants"])
+    for peer, missing in (("procrastinate", peers.PROCRASTINATE_MISSING), ("arq", peers.ARQ_MISSING)):
+        assert (missing in data["notes"]) == (peer not in data["variants"])
+    procrastinate = data["variants"].get("procrastinate")
+    if procrastinate is not None:  # its own events: started before succeeded
+        pooled = procrastinate["pooled"]
+        assert pooled["submit_to_running_ms"]["p50"] <= pooled["submit_to_terminal_ms"]["p50"]
 
 
 @pytest.mark.system
@@ -217,7 +230,7 @@ def test_throughput_on_rabbitmq(tmp_path: Path, redis_url: str) -> None:
 
     require_rabbitmq()
     data = run_bench("throughput", tmp_path, redis_url, "--tasks", "20", "--warmup", "2",
-                     "--pgbench-clients", "1", "--pgbench-seconds", "1",
+                     "--pgbench-clients", "1", "--pgbench-seconds", "1", "--no-peers",
                      "--broker", "amqp://guest:guest@127.0.0.1:5672/")
     broker = data["settings"]["broker"]
     assert broker["kind"] == "rabbitmq" and broker["url"] == "amqp://guest:***@127.0.0.1:5672/", broker
