@@ -19,7 +19,27 @@ def test_a_workers_own_cpu_is_counted_per_task_under_its_kind() -> None:
         pass
     spent = cpu.ms_per_task(before, cpu.snapshot([os.getpid()]), tasks=3)
     assert set(spent) == {f"cpu_{kind}_ms" for kind in cpu.KINDS}
-    assert 80 <= spent["cpu_worker_main_ms"] <= 200  # 300 ms over 3 tasks, at clock-tick granularity
+    assert 80 <= spent["cpu_worker_main_ms"] <= 200  # 300 ms over 3 tasks
+
+
+def test_a_few_milliseconds_of_cpu_are_not_rounded_to_a_clock_tick() -> None:
+    # A quick bench round's PostgreSQL backends each spend a few ms: in 10 ms ticks that read 0.
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()\n"
+                              "import time\nt = time.process_time()\n"
+                              "while time.process_time() - t < 0.004: pass\nsys.stdin.readline()"],
+                             stdin=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)  # the interpreter has started and waits
+        before = cpu.snapshot([child.pid])
+        assert child.stdin is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        time.sleep(0.3)  # spins 4 ms, then waits again
+        spent = cpu.ms_per_task(before, cpu.snapshot([child.pid]), tasks=1)["cpu_worker_main_ms"]
+        assert 3.5 <= spent <= 9.5, spent
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_a_pool_childs_cpu_counts_as_the_workers_children() -> None:
