@@ -187,7 +187,7 @@ UNAUTHORIZED = HTTPException(
 _bearer = HTTPBearer(auto_error=False, description="An API key's secret (DTASK_API_KEYS)")
 
 
-def principal(
+async def principal(
     request: Request, _creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> Principal:
     found: Any = getattr(request.state, "principal", None)

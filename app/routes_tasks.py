@@ -36,7 +36,7 @@ NOT_FOUND = {404: {"model": Message, "description": "No such task (or not yours)
 AUTH = {401: {"model": Message, "description": "Missing or invalid API key"}}
 
 
-def services(request: Request) -> Services:
+async def services(request: Request) -> Services:
     svc: Services = request.app.state.services
     return svc
 

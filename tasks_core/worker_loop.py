@@ -46,7 +46,7 @@ class WorkerLoop:
         # a worker must never exhaust the server's max_connections; tasks wait for a connection.
         size, overflow = (min(concurrency, 10), 10) if dense else (2, 2)
         self.services: Services = build_services(
-            settings, pool_size=size, max_overflow=overflow, extra=extra, pre_ping=False,
+            settings, pool_size=size, max_overflow=overflow, extra=extra,
             plan_cache_mode=settings.worker_plan_cache_mode,
         )
         # An unresponsive handler was left running in this loop (it ignored its cancellation).

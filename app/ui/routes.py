@@ -106,7 +106,7 @@ async def sign_out(viewer: Checked) -> Response:
 # ------------------------------------------------------------------ the task list
 
 
-def filters(
+async def filters(
     status: str = "",
     task_type: Annotated[str, Query(max_length=200)] = "",
     cursor: Annotated[str, Query(max_length=500)] = "",

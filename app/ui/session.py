@@ -98,7 +98,7 @@ def current_viewer(request: Request) -> Viewer | None:
     return Viewer(found, csrf)
 
 
-def signed(request: Request) -> Viewer:
+async def signed(request: Request) -> Viewer:
     """Dependency: the signed-in viewer, or SignInRequired."""
     viewer = current_viewer(request)
     if viewer is None:
@@ -109,7 +109,7 @@ def signed(request: Request) -> Viewer:
 Signed = Annotated[Viewer, Depends(signed)]
 
 
-def checked(request: Request, viewer: Signed, csrf: Annotated[str, Form()] = "") -> Viewer:
+async def checked(request: Request, viewer: Signed, csrf: Annotated[str, Form()] = "") -> Viewer:
     """Dependency for forms that change something: a session and its CSRF token, or 403."""
     # Browsers say where a request comes from; a cross-site one is refused whatever it carries.
     cross_site = request.headers.get("sec-fetch-site") in ("cross-site", "same-site")

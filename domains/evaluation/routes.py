@@ -49,7 +49,7 @@ COMMON: Responses = {401: _err("Missing or invalid API key"), 404: _err("No such
 QUOTA: Responses = {429: _err("You already have DTASK_OWNER_MAX_PENDING pending tasks")}
 
 
-def _services(request: Request) -> Services:
+async def _services(request: Request) -> Services:
     svc: Services = request.app.state.services
     return svc
 

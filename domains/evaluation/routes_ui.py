@@ -70,7 +70,7 @@ class Paging:
         return urlencode({k: v for k, v in params.items() if v})
 
 
-def paging(cursor: Annotated[str, Query(max_length=12)] = "", limit: int = DEFAULT_PAGE_SIZE) -> Paging:
+async def paging(cursor: Annotated[str, Query(max_length=12)] = "", limit: int = DEFAULT_PAGE_SIZE) -> Paging:
     if not re.fullmatch(r"[0-9]{0,9}", cursor):  # a position (an int4 column)
         raise UiError(400, "That page link is not valid; start again from the first item.")
     return Paging(int(cursor) if cursor else None, page_size(limit))
@@ -79,13 +79,13 @@ def paging(cursor: Annotated[str, Query(max_length=12)] = "", limit: int = DEFAU
 Pages = Annotated[Paging, Depends(paging)]
 
 
-def dataset_filters(
+async def dataset_filters(
     status: str = "", cursor: Annotated[str, Query(max_length=500)] = "", limit: int = DEFAULT_PAGE_SIZE
 ) -> StatusPage:
     return status_page(DATASET_STATUSES, status, cursor, limit)
 
 
-def run_filters(
+async def run_filters(
     status: str = "", cursor: Annotated[str, Query(max_length=500)] = "", limit: int = DEFAULT_PAGE_SIZE
 ) -> StatusPage:
     return status_page(RUN_STATUSES, status, cursor, limit)

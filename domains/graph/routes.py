@@ -40,7 +40,7 @@ COMMON: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _services(request: Request) -> Services:
+async def _services(request: Request) -> Services:
     svc: Services = request.app.state.services
     return svc
 

@@ -77,7 +77,7 @@ COMMON: Responses = {**AUTH, **NOT_FOUND, **UNAVAILABLE}
 QUOTA: Responses = {429: _err("You already have DTASK_OWNER_MAX_PENDING pending tasks")}
 
 
-def _services(request: Request) -> Services:
+async def _services(request: Request) -> Services:
     svc: Services = request.app.state.services
     return svc
 

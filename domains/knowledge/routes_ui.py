@@ -51,7 +51,7 @@ NOTICES = {
 router = APIRouter(prefix=PREFIX)
 
 
-def file_filters(
+async def file_filters(
     status: str = "",
     cursor: Annotated[str, Query(max_length=500)] = "",
     limit: int = DEFAULT_PAGE_SIZE,

@@ -300,6 +300,26 @@ async def test_with_postgres_down_every_route_answers_503_in_time(
     await wait_for(healthy, within=30, what="the api to serve again")
 
 
+async def test_after_a_postgres_restart_no_request_meets_a_dead_pooled_connection(
+    owned: Owned, api: str
+) -> None:
+    """The api checks out pooled connections without a round trip; one whose server went away is
+    still never handed to a request."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"task_type": "diagnostics.noop"}
+
+    def burst() -> list[int]:  # enough at once that the pool holds several connections
+        with httpx.Client(base_url=api, headers=headers, timeout=10) as client:
+            return [client.post("/tasks", json=body).status_code for _ in range(3)] + [
+                client.get("/tasks").status_code for _ in range(3)]
+
+    before = await asyncio.gather(*(asyncio.to_thread(burst) for _ in range(8)))
+    assert {s for statuses in before for s in statuses} == {200, 202}
+    await asyncio.to_thread(outage.restart_postgres, owned.pg, 0.5)
+    after = await asyncio.gather(*(asyncio.to_thread(burst) for _ in range(8)))
+    assert {s for statuses in after for s in statuses} == {200, 202}, after
+
+
 async def test_with_redis_paused_submissions_stay_pending_and_run_after_recovery(
     cluster: Cluster, owned: Owned, api: str, svc: Any
 ) -> None:
