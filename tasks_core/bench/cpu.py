@@ -4,9 +4,11 @@ Read from /proc before and after the measured stretch, so a ratio between
 variants can be explained by who spends the CPU per task, not only stated. PostgreSQL and Redis are
 found by process name: every backend and server process on the host counts, so the figures are
 only the round's own on a machine where nothing else uses them. A process that exits inside the
-stretch (a recycled pool child) counts up to its last reading only. The time on CPU is the
-scheduler's nanosecond count (``/proc/PID/schedstat``), where the kernel has it: user + system time
-in ``stat`` comes in 10 ms ticks, too coarse for a quick round of 40 tasks (a backend's few ms read 0).
+stretch (a recycled pool child) counts up to its last reading only, and so does a thread. The time
+on CPU is the scheduler's nanosecond count of each of the process's threads
+(``/proc/PID/task/TID/schedstat``; the pid's own file covers its main thread only, not a pool
+child's event-loop thread), where the kernel has it: user + system time in ``stat`` comes in 10 ms
+ticks, too coarse for a quick round of 40 tasks (a backend's few ms read 0).
 """
 
 from __future__ import annotations
@@ -29,12 +31,29 @@ def _read(pid: int) -> tuple[str, float] | None:
     except OSError:
         return None
     name = stat[stat.find("(") + 1 : stat.rfind(")")]
+    exact = _thread_ns(pid)
+    if exact is not None:
+        return name, exact / 1e9
+    fields = stat.rsplit(")", 1)[1].split()
+    return name, (int(fields[11]) + int(fields[12])) / _TICK  # utime + stime, in ticks
+
+
+def _thread_ns(pid: int) -> int | None:
+    """Nanoseconds on CPU of the process's live threads; None where the kernel keeps no schedstat."""
     try:
-        with open(f"/proc/{pid}/schedstat") as f:
-            return name, int(f.read().split()[0]) / 1e9  # ns on CPU
-    except (OSError, IndexError, ValueError):
-        fields = stat.rsplit(")", 1)[1].split()
-        return name, (int(fields[11]) + int(fields[12])) / _TICK  # utime + stime, in ticks
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    total = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except FileNotFoundError:  # the thread ended just now
+            continue
+        except (OSError, IndexError, ValueError):
+            return None
+    return total
 
 
 def _all_pids() -> Iterable[int]:

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from tasks_core.bench import cpu
@@ -20,6 +21,29 @@ def test_a_workers_own_cpu_is_counted_per_task_under_its_kind() -> None:
     spent = cpu.ms_per_task(before, cpu.snapshot([os.getpid()]), tasks=3)
     assert set(spent) == {f"cpu_{kind}_ms" for kind in cpu.KINDS}
     assert 80 <= spent["cpu_worker_main_ms"] <= 200  # 300 ms over 3 tasks
+
+
+def test_every_thread_of_a_process_counts() -> None:
+    # A pool child runs its tasks on an event-loop thread, not on its main thread.
+    spun, done = threading.Event(), threading.Event()
+
+    def spin() -> None:
+        start = time.thread_time()
+        while time.thread_time() - start < 0.2:
+            pass
+        spun.set()
+        done.wait(30)  # alive while measured, as a pool child's loop thread is
+
+    before = cpu.snapshot([os.getpid()])
+    thread = threading.Thread(target=spin)
+    thread.start()
+    try:
+        assert spun.wait(30)
+        spent = cpu.ms_per_task(before, cpu.snapshot([os.getpid()]), tasks=1)["cpu_worker_main_ms"]
+    finally:
+        done.set()
+        thread.join()
+    assert 190 <= spent <= 400, spent
 
 
 def test_a_few_milliseconds_of_cpu_are_not_rounded_to_a_clock_tick() -> None:
