@@ -9,7 +9,9 @@ No worker runs: this times submission alone. Variants, in alternating rounds:
 - over HTTP against one real ``dtask api`` process (``--clients`` concurrent clients, httpx):
   ``http-healthz`` (GET /healthz: the api's own ceiling in this run), ``http-single`` (POST /tasks),
   ``http-batch1000`` (POST /tasks/batch of 1,000). Rates are reported as ratios to healthz, with
-  request p50/p99 and the refused (4xx) and failed (5xx, transport) counts.
+  request p50/p99 and the refused (4xx) and failed (5xx, transport) counts, and the CPU each request
+  cost the api process, PostgreSQL, Redis and the bench's own httpx clients: where the clients keep
+  a core busy, the load generator, not the api, set the rate (and the ratio).
 - ``procrastinate-single`` / ``procrastinate-batch1000``: Procrastinate's ``defer_async`` and
   ``batch_defer_async`` on the same PostgreSQL, when it is installed (``pip install -e .[bench]``).
 
@@ -28,7 +30,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from tasks_core.bench import peers
+from tasks_core.bench import cpu, peers
 from tasks_core.bench.common import (
     BenchEnv,
     BenchError,
@@ -254,15 +256,23 @@ async def _http(
                 errors.append(f"{response.status_code} {response.text[:200]}")
 
     log_start = api.log.stat().st_size
+    cpu_before, client_before = cpu.snapshot([api.pid]), time.process_time()
     started = time.perf_counter()
     await asyncio.gather(*(one_client() for _ in range(opts.clients)))
     elapsed = time.perf_counter() - started
+    spent = cpu.ms_per_task(cpu_before, cpu.snapshot([api.pid]), total)
+    client_ms = 1000 * (time.process_time() - client_before) / total
     env.check_alive(api)
     stats = summarize(latencies)
     data: dict[str, Any] = {
         "requests": total, "seconds": elapsed, "requests_per_s": total / elapsed,
         "p50_ms": stats.get("p50"), "p99_ms": stats.get("p99"), "ok": counts["ok"],
         "refused": counts["refused"], "failed": counts["failed"], "errors": errors[:5],
+        # CPU per request: the api process, PostgreSQL, Redis, and the bench's own httpx clients;
+        # client_cores near 1 means the load generator, not the api, set the rate.
+        "cpu_api_ms": spent["cpu_worker_main_ms"] + spent["cpu_worker_children_ms"],
+        "cpu_postgres_ms": spent["cpu_postgres_ms"], "cpu_redis_ms": spent["cpu_redis_ms"],
+        "cpu_client_ms": round(client_ms, 3), "client_cores": round(client_ms * total / elapsed / 1000, 3),
     }
     if counts["failed"]:
         data["api_errors"] = _first_error(api, log_start)
@@ -326,6 +336,12 @@ def _finish(
               ["variant", "intents/s", "x healthz", "p50 ms", "p99 ms", "refused", "failed"], rows)
     doc.note(f"one `dtask api` process, no worker, {opts.clients} concurrent httpx clients in the bench "
              "process; ratios to GET /healthz of the same api in the same run")
+    for name in rounds.descriptions:
+        m = rounds.medians(name)
+        if "cpu_api_ms" in m:
+            doc.note(f"CPU ms per request, {name}: api {m['cpu_api_ms']:.2f}, postgres "
+                     f"{m.get('cpu_postgres_ms', 0):.2f}, redis {m.get('cpu_redis_ms', 0):.2f}, httpx client "
+                     f"{m['cpu_client_ms']:.2f} (client busy {m['client_cores']:.2f} of a core)")
     doc.note("failed counts in-process intents left unpublished by a broker error, and HTTP 5xx/transport "
              "errors; refused counts 4xx answers and refused batch entries")
     for name in rounds.descriptions:

@@ -149,6 +149,9 @@ def test_submit(tmp_path: Path, redis_url: str) -> None:
     single = data["variants"]["http-single"]["rounds"][0]
     assert single["intents"] == single["pending_rows"] == settings["http_requests"]
     assert data["ratios"]["http-single / http-healthz (requests/s)"] > 0
+    # Who spent the CPU of a request: a submission costs the api and PostgreSQL, healthz no database.
+    assert single["cpu_api_ms"] > 0 and single["cpu_postgres_ms"] > 0 and single["cpu_client_ms"] > 0
+    assert any(note.startswith("CPU ms per request, http-single:") for note in data["notes"])
 
 
 @pytest.mark.system
