@@ -77,6 +77,8 @@ FENCED_WRITES_REJECTED = Counter(
 RECONCILED = Counter("dtask_reconciled", "Tasks converged by the reconciler", ("kind",))
 PUBLISH_FAILURES = Counter("dtask_publish_failures", "Task ids that could not be published")
 PUBLISHED = Counter("dtask_published", "Task ids published", ("by",))
+# DTASK_WORKER_RUN_NEXT: ids a terminal write picked that its own process went on to claim itself.
+RUN_NEXT = Counter("dtask_run_next", "Tasks a worker process went on to itself, without a message")
 HANDLER_SECONDS = Histogram(
     "dtask_handler_seconds",
     "Handler run time",
@@ -84,7 +86,8 @@ HANDLER_SECONDS = Histogram(
     buckets=(0.01, 0.1, 1, 10, 60, 300, 1800, 3600, 4 * 3600, 24 * 3600, math.inf),
 )
 COUNTERS = (
-    CLAIMS, CLAIM_REFUSED, LEASE_LOST, FENCED_WRITES_REJECTED, RECONCILED, PUBLISH_FAILURES, PUBLISHED
+    CLAIMS, CLAIM_REFUSED, LEASE_LOST, FENCED_WRITES_REJECTED, RECONCILED, PUBLISH_FAILURES, PUBLISHED,
+    RUN_NEXT,
 )
 HISTOGRAMS = (HANDLER_SECONDS,)
 

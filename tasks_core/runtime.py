@@ -66,18 +66,35 @@ def parse_task_id(raw: object) -> uuid.UUID | None:
 
 
 async def run_task(services: Services, raw_id: object, shutdown: ShutdownSignal | None = None) -> RunOutcome:
+    """Run the task a message names; then, up to DTASK_WORKER_RUN_NEXT times, the task its terminal
+    write picked for the slot it freed (each claimed afresh, exactly as if its message had come).
+    The outcome is the named task's."""
     task_id = parse_task_id(raw_id)
     if task_id is None:
         log.warning("dropping malformed task message %s", logs.short(raw_id))
         return RunOutcome(False, "malformed_message")
-    if shutdown is not None and shutdown.event.is_set():
+    shutdown = shutdown or ShutdownSignal()
+    left = services.settings.worker_run_next
+    outcome, following = await _run_one(services, task_id, shutdown, take_next=left > 0)
+    while following is not None:
+        left -= 1
+        metrics.RUN_NEXT.inc()
+        _, following = await _run_one(services, following, shutdown, take_next=left > 0)
+    return outcome
+
+
+async def _run_one(
+    services: Services, task_id: uuid.UUID, shutdown: ShutdownSignal, *, take_next: bool
+) -> tuple[RunOutcome, uuid.UUID | None]:
+    """Claim and run one task; with ``take_next``, also the id this process should run next itself."""
+    if shutdown.event.is_set():
         # A message handed to this child just as the worker began its warm shutdown: claiming it
         # now would only run it for the grace period and then fail it (worker_shutdown) or burn one
         # of its retries. Leave the row pending and marked as having no message in flight, so the
         # relay or the publisher sends the id again to a worker that is staying.
         log.info("task %s not claimed: this worker is shutting down", task_id)
         await services.repo.message_dropped(task_id)
-        return RunOutcome(False, "worker_shutting_down")
+        return RunOutcome(False, "worker_shutting_down"), None
     s = services.settings
     first = time.monotonic()
 
@@ -101,7 +118,7 @@ async def run_task(services: Services, raw_id: object, shutdown: ShutdownSignal 
         # Nothing is lost: the row is still pending and the publisher re-sends it.
         log.warning("task %s not claimed: database unavailable (%s)", task_id, exc)
         metrics.CLAIM_REFUSED.labels(reason="database_unavailable").inc()
-        return RunOutcome(False, "database_unavailable")
+        return RunOutcome(False, "database_unavailable"), None
     if isinstance(claim, str):
         log.info("task %s not claimed: %s", task_id, claim)
         metrics.CLAIM_REFUSED.labels(reason=claim.split(":")[0]).inc()
@@ -109,23 +126,38 @@ async def run_task(services: Services, raw_id: object, shutdown: ShutdownSignal 
             # The refusal marked the task for re-sending, but a slot may have freed (and its relay
             # run) before that commit was visible: relay once more, so no wake-up is lost.
             await _relay_quietly(services, task_id)
-        return RunOutcome(False, claim)
+        return RunOutcome(False, claim), None
     metrics.CLAIMS.inc()
     spec = services.registry.runnable(claim.task["task_type"], claim.task["handler_version"])
     assert spec is not None  # the claim checked it
-    execution = Execution(
-        services, claim, spec, shutdown or ShutdownSignal(), claim_answered_at=time.monotonic()
-    )
+    execution = Execution(services, claim, spec, shutdown, claim_answered_at=time.monotonic())
     status = await execution.run()
+    following = None
     if execution.relayed is not None:
-        # The terminal write already picked what the freed slot takes next: send it.
-        await _publish_quietly(services, task_id, execution.relayed)
+        # The terminal write already picked what the freed slot takes next: keep one for this
+        # process (stamped as sent, it is in flight to us), send the rest.
+        due = execution.relayed
+        if take_next and not execution.unresponsive and not shutdown.event.is_set():
+            following, due = _keep_one(services, spec.task_type, due)
+        await _publish_quietly(services, task_id, due)
     elif status != "lost":
         # A slot just freed (or a task went back to pending): hand it on without waiting for beat.
         await _relay_quietly(services, task_id)
     if execution.unresponsive:
         raise HandlerUnresponsive(status)
-    return RunOutcome(True, status)
+    return RunOutcome(True, status), following
+
+
+def _keep_one(
+    services: Services, task_type: str, due: list[tuple[uuid.UUID, str]]
+) -> tuple[uuid.UUID | None, list[tuple[uuid.UUID, str]]]:
+    """The first picked task on the queue this task came from (this worker consumes that queue; a
+    type routed elsewhere must reach its own workers), and the rest."""
+    queue = services.registry.queue_of(task_type)
+    for i, (task_id, picked_type) in enumerate(due):
+        if services.registry.queue_of(picked_type) == queue:
+            return task_id, due[:i] + due[i + 1 :]
+    return None, due
 
 
 async def _relay_quietly(services: Services, task_id: uuid.UUID) -> None:

@@ -3,6 +3,7 @@ not duplicated, and a stale publication is re-sent by the publisher only."""
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -200,24 +201,124 @@ async def test_workers_handing_on_through_the_terminal_write_strand_nothing(
 ) -> None:
     """The big batch again, each message run by the real runtime (claim, handler, terminal write
     that picks the freed slot's next task, publish): every task runs, one message each."""
-    import json
-
-    from tasks_core.runtime import run_task
-
     s = services.settings
     s.publish_ahead = 2
+    s.worker_run_next = 0  # every id through the broker
     outcomes = await Submitter(services).submit_many(
         [TaskIntent("diagnostics.noop", {"n": i}) for i in range(40)]
     )
     assert sum(o.published for o in outcomes) == s.capacity + 2  # type: ignore[union-attr]
-    messages = 0
-    while (raw := redis_client.rpop("durable")) is not None:
-        messages += 1
-        outcome = await run_task(services, json.loads(raw)["headers"]["argsrepr"].strip("[]'(),"))
-        assert outcome.claimed and outcome.status == "success", outcome
+    messages = await _run_messages(services, redis_client)
     summary = await services.repo.summary()
     assert summary["by_status"]["success"] == 40 and summary["total"] == 40  # nothing stranded
     assert messages == 40  # one message per task
+
+
+async def _run_messages(services: Any, redis_client: Any, queue: str = "durable") -> int:
+    """Run every message on ``queue`` through the real runtime until none is left; how many ran."""
+    import json
+
+    from tasks_core.runtime import run_task
+
+    messages = 0
+    while (raw := redis_client.rpop(queue)) is not None:
+        messages += 1
+        outcome = await run_task(services, json.loads(raw)["headers"]["argsrepr"].strip("[]'(),"))
+        assert outcome.claimed and outcome.status == "success", outcome
+    return messages
+
+
+async def _attempts(services: Any) -> list[Any]:
+    from sqlalchemy import text
+
+    async with services.engine.connect() as conn:
+        return list((await conn.execute(text(
+            "SELECT task_id, token, claimed_at, ended_at FROM task_attempts ORDER BY claimed_at"
+        ))).all())
+
+
+async def test_a_worker_runs_the_tasks_its_terminal_writes_pick_without_their_messages(
+    services: Any, redis_client: Any
+) -> None:
+    """DTASK_WORKER_RUN_NEXT: the process whose terminal write picked the freed slot's next task
+    claims and runs it itself. Every task still runs once, under an attempt of its own."""
+    s = services.settings
+    s.publish_ahead = 0
+    s.worker_run_next = 100
+    await Submitter(services).submit_many([TaskIntent("diagnostics.noop", {"n": i}) for i in range(40)])
+    assert redis_client.llen("durable") == s.capacity  # what the slots can take, nothing more
+    messages = await _run_messages(services, redis_client)
+    summary = await services.repo.summary()
+    assert summary["by_status"]["success"] == 40 and summary["total"] == 40  # nothing stranded
+    assert messages == s.capacity  # the rest ran without a message of their own
+    attempts = await _attempts(services)
+    assert len(attempts) == 40 and len({a.task_id for a in attempts}) == 40
+    assert len({a.token for a in attempts}) == 40  # each claimed afresh
+    # one after another: each attempt ended before the next one taken on began
+    for earlier, later in itertools.pairwise(attempts):
+        assert earlier.ended_at <= later.claimed_at
+
+
+async def test_a_worker_takes_on_at_most_run_next_tasks_then_sends_the_next_pick(
+    services: Any, redis_client: Any
+) -> None:
+    from tasks_core.runtime import run_task
+
+    s = services.settings
+    s.capacity, s.publish_ahead, s.worker_run_next = 1, 0, 2
+    ids = [o.task_id for o in await Submitter(services).submit_many(  # type: ignore[union-attr]
+        [TaskIntent("diagnostics.noop", {"n": i}) for i in range(5)])]
+    assert redis_client.llen("durable") == 1
+    redis_client.delete("durable")
+    assert (await run_task(services, str(ids[0]))).status == "success"
+    done = [(await services.repo.get(i))["status"] for i in ids]
+    assert done == ["success", "success", "success", "pending", "pending"]  # its own task + 2
+    sent = [m.decode() for m in redis_client.lrange("durable", 0, -1)]
+    assert len(sent) == 1 and str(ids[3]) in sent[0]  # the fourth goes through the broker
+
+
+async def test_a_worker_asked_to_stop_takes_nothing_on_and_sends_its_pick(
+    services: Any, redis_client: Any
+) -> None:
+    """A warm shutdown: the running task finishes within its grace period, and the slot it frees
+    goes through the broker to a worker that is staying."""
+    import asyncio
+
+    from tasks_core.runtime import ShutdownSignal, run_task
+
+    s = services.settings
+    s.capacity, s.publish_ahead, s.worker_run_next = 1, 0, 100
+    sleeper = await Submitter(services).submit(TaskIntent("diagnostics.sleep", {"seconds": 0.3, "steps": 1}))
+    waiting = await Submitter(services).submit(TaskIntent("diagnostics.noop"))
+    redis_client.delete("durable")
+    shutdown = ShutdownSignal()
+    asyncio.get_running_loop().call_later(0.1, shutdown.set)
+    assert (await run_task(services, str(sleeper.task_id), shutdown)).status == "success"
+    assert (await services.repo.get(waiting.task_id))["status"] == "pending"
+    sent = [m.decode() for m in redis_client.lrange("durable", 0, -1)]
+    assert len(sent) == 1 and str(waiting.task_id) in sent[0]
+
+
+async def test_a_pick_routed_to_another_queue_is_sent_there_not_taken_on(
+    services: Any, redis_client: Any
+) -> None:
+    import dataclasses
+
+    from domains.diagnostics.tasks import SPECS
+    from tasks_core.registry import Registry, TaskSpec
+    from tasks_core.runtime import run_task
+
+    cpu_spec = TaskSpec("test.cpu", "domains.diagnostics.handlers:noop", queue="durable-cpu")
+    registry = Registry([*SPECS, cpu_spec])
+    svc = dataclasses.replace(services, registry=registry)
+    s = svc.settings
+    s.capacity, s.publish_ahead, s.worker_run_next = 1, 0, 100
+    first = await Submitter(svc).submit(TaskIntent("diagnostics.noop"))
+    cpu = await Submitter(svc).submit(TaskIntent("test.cpu"))
+    redis_client.delete("durable")
+    assert (await run_task(svc, str(first.task_id))).status == "success"
+    assert (await svc.repo.get(cpu.task_id))["status"] == "pending"  # not run by a `durable` worker
+    assert redis_client.llen("durable") == 0 and redis_client.llen("durable-cpu") == 1
 
 
 async def test_under_the_workers_generic_plans_the_budget_and_the_pick_read_their_indexes(
