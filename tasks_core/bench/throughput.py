@@ -6,7 +6,10 @@ Variants, run in alternating rounds:
   a ``celery worker`` subprocess running ``tasks_core.celery_app`` claims, runs, commits the
   terminal transaction and relays. Timed with PostgreSQL's clock from just before the first submit
   to the last ``finished_at``. Run at the default capacity and at capacity = worker concurrency
-  (below that, surplus messages are refused by the claim and the relay hands slots on).
+  (below that, surplus messages are refused by the claim and the relay hands slots on). A worker
+  process runs the task its terminal write picked next itself (DTASK_WORKER_RUN_NEXT, default).
+- ``durable-capN-via-broker``: capacity = concurrency with DTASK_WORKER_RUN_NEXT=0, every task from a
+  message of its own (the path before run-next), side by side.
 - ``plain-celery``: ``tasks_core.bench.plain_app`` — same celeryconfig, broker, queues, pool and
   concurrency, a trivial task; publish-to-last-completion.
 - ``pgbench-cN``: the three commits of a task's life (insert, claim, terminal) as a pgbench script
@@ -85,6 +88,12 @@ async def _run(opts: ThroughputOptions) -> dict[str, Any]:
             f"diagnostics.noop through submit, a celery worker (prefork -c {opts.concurrency}), claim, "
             f"run and terminal commit; DTASK_CAPACITY={cap}"
         )
+    # The same at capacity = concurrency with every id through the broker: what run-next buys.
+    via_broker = f"durable-cap{opts.concurrency}-via-broker"
+    variants[via_broker] = (
+        f"as durable-cap{opts.concurrency}, with DTASK_WORKER_RUN_NEXT=0: every task from a message of "
+        "its own"
+    )
     variants["plain-celery"] = (
         f"plain Celery no-op, same transport settings, prefork -c {opts.concurrency}, "
         "publish to last completion"
@@ -126,8 +135,9 @@ async def _run(opts: ThroughputOptions) -> dict[str, Any]:
             script = await pgbench.prepare(services.engine, env.dir)
             for round_no, seq, name in alternate(list(variants), opts.rounds):
                 if name.startswith("durable-cap"):
-                    cap = int(name.removeprefix("durable-cap"))
-                    data = await durable_round(env, services, db_url, opts, cap)
+                    cap = int(name.removeprefix("durable-cap").removesuffix("-via-broker"))
+                    data = await durable_round(env, services, db_url, opts, cap,
+                                               run_next=0 if name == via_broker else None)
                     doc.settings.setdefault("worker_settings", {})[name] = data.pop("settings")
                     doc.settings["celery"] = env.celery_settings()
                 elif name == "plain-celery":
@@ -169,14 +179,15 @@ async def _run(opts: ThroughputOptions) -> dict[str, Any]:
 
 async def durable_round(
     env: BenchEnv, services: Any, db_url: str, opts: ThroughputOptions, capacity: int,
-    pool: str = "prefork",
+    pool: str = "prefork", run_next: int | None = None,
 ) -> dict[str, Any]:
     """One round of no-ops through the real durable path on a fresh worker (``pool``: prefork, or
-    threads for the dense mode)."""
+    threads for the dense mode; ``run_next``: DTASK_WORKER_RUN_NEXT, else its default)."""
     engine = services.engine
     env.clear_queues()
     await reset_tables(engine)
-    settings = env.dtask_settings(db_url, capacity=capacity, worker_concurrency=opts.concurrency)
+    extra = {} if run_next is None else {"worker_run_next": run_next}
+    settings = env.dtask_settings(db_url, capacity=capacity, worker_concurrency=opts.concurrency, **extra)
     proc = env.start_worker("durable", settings, concurrency=opts.concurrency, pool=pool)
     try:
         startup = await env.wait_ready(proc)
@@ -255,7 +266,7 @@ async def plain_batch(
 
 
 def _worker_metrics(env: BenchEnv) -> dict[str, Any]:
-    """Claims and refusals from the workers' shared metrics hash, when they flush it."""
+    """Claims, refusals and hand-ons from the workers' shared metrics hash, when they flush it."""
 
     raw = env.redis.hgetall(METRICS_KEY)
     env.redis.delete(METRICS_KEY)
@@ -268,6 +279,8 @@ def _worker_metrics(env: BenchEnv) -> dict[str, Any]:
             out["claims_refused"] = out.get("claims_refused", 0) + float(value)
         elif name == "dtask_published" and labels.get("by") == "relay":
             out["relayed"] = out.get("relayed", 0) + float(value)
+        elif name == "dtask_run_next":  # picks a worker ran itself, without a message
+            out["run_next"] = out.get("run_next", 0) + float(value)
     return out
 
 
@@ -288,6 +301,9 @@ def _finish(
             if peer in rounds.rounds:
                 doc.data["ratios"][f"durable-cap{cap} / {peer}"] = ratio(
                     durable, rounds.median(peer, "tasks_per_s"))
+    via_broker = f"durable-cap{concurrency}-via-broker"
+    doc.data["ratios"][f"durable-cap{concurrency} / {via_broker}"] = ratio(
+        rounds.median(f"durable-cap{concurrency}", "tasks_per_s"), rounds.median(via_broker, "tasks_per_s"))
     rows = []
     for name in rounds.descriptions:
         m = rounds.medians(name)

@@ -25,7 +25,8 @@ from tests.tools import require_rabbitmq
 
 EXPECTED_VARIANTS = {
     # Quick throughput: capacity 2 and capacity = concurrency 3; pgbench with 1 and 3 clients.
-    "throughput": {"durable-cap2", "durable-cap3", "plain-celery", "pgbench-c1", "pgbench-c3"},
+    "throughput": {"durable-cap2", "durable-cap3", "durable-cap3-via-broker", "plain-celery", "pgbench-c1",
+                   "pgbench-c3"},
     "latency": {"idle", "busy", "saturated", "plain-celery"},
     "recovery": {"kill-worker", "kill-child"},
     "scale": {"small", "large"},
@@ -119,6 +120,8 @@ def test_throughput(tmp_path: Path, redis_url: str) -> None:
     durable = data["variants"]["durable-cap2"]["rounds"][0]
     assert durable["succeeded"] == durable["tasks"] == data["settings"]["tasks"]
     assert data["settings"]["worker_settings"]["durable-cap2"]["env"]["capacity"] == 2
+    assert data["settings"]["worker_settings"]["durable-cap3-via-broker"]["env"]["worker_run_next"] == 0
+    assert data["settings"]["worker_settings"]["durable-cap3"]["env"]["worker_run_next"] > 0
     assert data["settings"]["celery"]["worker_disable_prefetch"] is True
     # Where the CPU went, per task: the durable pool children claim, run and finish, PostgreSQL serves
     # them; the plain worker touches no database.
@@ -237,7 +240,8 @@ def test_throughput_on_rabbitmq(tmp_path: Path, redis_url: str) -> None:
                      "--broker", "amqp://guest:guest@127.0.0.1:5672/")
     broker = data["settings"]["broker"]
     assert broker["kind"] == "rabbitmq" and broker["url"] == "amqp://guest:***@127.0.0.1:5672/", broker
-    assert set(data["variants"]) == {"durable-cap2", "durable-cap3", "plain-celery", "pgbench-c1"}
+    assert set(data["variants"]) == {
+        "durable-cap2", "durable-cap3", "durable-cap3-via-broker", "plain-celery", "pgbench-c1"}
     durable = data["variants"]["durable-cap2"]["rounds"][0]
     assert durable["succeeded"] == durable["tasks"] == 20
     assert data["variants"]["plain-celery"]["median"]["tasks_per_s"] > 0
