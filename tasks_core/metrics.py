@@ -27,18 +27,31 @@ def parse_field(field: str) -> tuple[str, dict[str, str]]:
     return name, labels
 
 
+def _le(bound: float) -> str:
+    return "+Inf" if math.isinf(bound) else repr(float(bound))
+
+
 class Counter:
     def __init__(
         self, name: str, doc: str, labelnames: tuple[str, ...] = (), labels: dict[str, str] | None = None
     ):
         self.name, self.doc, self.labelnames = name, doc, labelnames
         self._labels = labels or {}
+        # Field names are built once per label set: a task's hot path increments several of these.
+        self._key = _field(name, self._labels)
+        # Label values are task types, reasons and write names: a small, fixed set.
+        self._children: dict[tuple[tuple[str, str], ...], Counter] = {}
 
     def labels(self, **labels: str) -> Counter:
-        return Counter(self.name, self.doc, self.labelnames, {**self._labels, **labels})
+        key = tuple(sorted(labels.items()))
+        child = self._children.get(key)
+        if child is None:
+            merged = {**self._labels, **labels}
+            child = self._children[key] = Counter(self.name, self.doc, self.labelnames, merged)
+        return child
 
     def inc(self, amount: float = 1.0) -> None:
-        _deltas[_field(self.name, self._labels)] += amount
+        _deltas[self._key] += amount
 
 
 class Histogram:
@@ -52,17 +65,28 @@ class Histogram:
     ):
         self.name, self.doc, self.labelnames, self.buckets = name, doc, labelnames, buckets
         self._labels = labels or {}
+        self._bucket_keys = [
+            (bound, _field(name + "_bucket", {**self._labels, "le": _le(bound)})) for bound in buckets
+        ]
+        self._sum_key = _field(name + "_sum", self._labels)
+        self._count_key = _field(name + "_count", self._labels)
+        self._children: dict[tuple[tuple[str, str], ...], Histogram] = {}
 
     def labels(self, **labels: str) -> Histogram:
-        return Histogram(self.name, self.doc, self.labelnames, self.buckets, {**self._labels, **labels})
+        key = tuple(sorted(labels.items()))
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = Histogram(
+                self.name, self.doc, self.labelnames, self.buckets, {**self._labels, **labels}
+            )
+        return child
 
     def observe(self, value: float) -> None:
-        for bound in self.buckets:
+        for bound, key in self._bucket_keys:
             if value <= bound:
-                le = "+Inf" if math.isinf(bound) else repr(float(bound))
-                _deltas[_field(self.name + "_bucket", {**self._labels, "le": le})] += 1
-        _deltas[_field(self.name + "_sum", self._labels)] += value
-        _deltas[_field(self.name + "_count", self._labels)] += 1
+                _deltas[key] += 1
+        _deltas[self._sum_key] += value
+        _deltas[self._count_key] += 1
 
 
 CLAIMS = Counter("dtask_claims", "Successful claims")
