@@ -294,3 +294,34 @@ async def test_a_slot_left_held_behind_the_runtimes_back_is_reclaimed(services: 
     report = await repo.reconcile(reg, batch=10, retry_delay=lambda n: 0)
     assert report.slots_freed == 1
     assert isinstance(await repo.claim(third, reg, capacity=1, lease_seconds=30), Claim)
+
+
+async def test_a_hot_statement_whose_backend_was_terminated_runs_again_on_a_fresh_connection(
+    services: Any,
+) -> None:
+    """Hot statements take their connection straight from the pool: a backend terminated under it
+    fails the call as transient at most once (the retry's business), and no dead connection stays
+    pooled."""
+    import asyncpg
+
+    from tasks_core.db import is_transient
+    from tasks_core.repository import Statement
+
+    repo = services.repo
+    whose = Statement(text("SELECT pg_backend_pid() AS pid, CAST(:n AS int) AS n"))
+    first = (await repo._fetch(whose, {"n": 1}))[0]["pid"]
+    other = await asyncpg.connect(services.settings.database_url.replace("+asyncpg", ""))
+    try:
+        assert await other.fetchval("SELECT pg_terminate_backend($1)", first)
+    finally:
+        await other.close()
+    failures = 0
+    pids = []
+    for n in range(6):
+        try:
+            pids.append((await repo._fetch(whose, {"n": n}))[0]["pid"])
+        except Exception as exc:
+            assert is_transient(exc), exc
+            failures += 1
+    assert failures <= 1 and len(pids) >= 5
+    assert first not in pids
