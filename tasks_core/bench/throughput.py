@@ -317,7 +317,7 @@ def _finish(
     doc.table(f"throughput on {broker}: median tasks/s over rounds",
               ["variant", "tasks/s", "seconds", "rounds", "x plain", f"x pgbench-c{pg_best}"], rows)
     doc.note("CPU per task: the worker's main process, its pool children, and every PostgreSQL and "
-             "Redis process on this host (/proc, user + system)")
+             "Redis process on this host (/proc: every thread's time on CPU)")
     doc.note("durable and plain rounds each start a fresh worker; startup is excluded from the timing")
     if not any(name.startswith("pgbench") for name in rounds.descriptions):
         doc.note("pgbench not found (PATH, /usr/lib/postgresql/*/bin): no database-limit variants")
