@@ -59,7 +59,14 @@ class WorkerLoop:
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(self._flush_on_timer)
         self.loop.run_forever()
+
+    def _flush_on_timer(self) -> None:
+        # Also between the tasks of one message: with DTASK_WORKER_RUN_NEXT a process may run
+        # task after task for minutes without returning to Celery (and to ``run``'s flush).
+        self._maybe_flush()
+        self.loop.call_later(max(self.services.settings.metrics_flush_seconds, 0.1), self._flush_on_timer)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the loop and wait for it (from any thread but the loop's own)."""

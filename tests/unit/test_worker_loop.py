@@ -80,3 +80,23 @@ def test_the_watchdog_names_the_handler_that_blocks_the_loop(caplog: pytest.LogC
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         loop.close()
+
+
+def test_metrics_reach_redis_while_one_run_keeps_the_process_busy(worker_loop: WorkerLoop) -> None:
+    """A process running task after task for one message (DTASK_WORKER_RUN_NEXT) never returns to
+    ``run``'s flush: its counters still reach the shared hash, on a timer."""
+    from tasks_core import metrics
+
+    counter = metrics.Counter("dtask_test_timer_flush", "test")
+
+    async def long_run() -> bool:
+        counter.inc()
+        redis = worker_loop.services.redis
+        deadline = time.monotonic() + 5 * max(worker_loop.services.settings.metrics_flush_seconds, 0.5)
+        while time.monotonic() < deadline:
+            if await redis.hget(metrics.METRICS_KEY, "dtask_test_timer_flush|") is not None:
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    assert worker_loop.run(long_run())
