@@ -81,9 +81,11 @@ def is_transient(exc: BaseException) -> bool:
         import asyncpg
     except ImportError:  # pragma: no cover - asyncpg is a dependency
         return False
-    return isinstance(exc, asyncpg.PostgresConnectionError | asyncpg.InterfaceError) or (
-        getattr(exc, "sqlstate", None) in TRANSIENT_SQLSTATES
-    )
+    # InternalClientError: the protocol got out of step with the server, as when a terminated
+    # backend's notice arrives while the connection is idle; that connection is done, a fresh one works.
+    return isinstance(
+        exc, asyncpg.PostgresConnectionError | asyncpg.InterfaceError | asyncpg.InternalClientError
+    ) or (getattr(exc, "sqlstate", None) in TRANSIENT_SQLSTATES)
 
 
 async def db_now(engine: AsyncEngine) -> datetime:
