@@ -58,7 +58,9 @@ async def upload(
 
 
 async def run_pending(svc: Any) -> list[str]:
-    """Run every pending task in this process, oldest first, as a worker would (claim, run, finish)."""
+    """Run every pending task in this process, oldest first, as a worker would (claim, run, finish);
+    the final status of each, in that order. A task an earlier one's run went on to run itself
+    (DTASK_WORKER_RUN_NEXT) is not run twice."""
     from tasks_core.runtime import run_task
 
     outcomes = []
@@ -76,7 +78,9 @@ async def run_pending(svc: Any) -> list[str]:
         if not ids:
             return outcomes
         for task_id in ids:
-            outcomes.append((await run_task(svc, str(task_id))).status)
+            if (await svc.repo.get(task_id))["status"] == "pending":
+                await run_task(svc, str(task_id))
+        outcomes += [(await svc.repo.get(task_id))["status"] for task_id in ids]
 
 
 async def file_row(svc: Any, file_id: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from tasks_core.submission import Submitter, TaskIntent
 
 async def test_relay_resends_only_tasks_whose_message_was_dropped(services: Any, redis_client: Any) -> None:
     repo, registry = services.repo, services.registry
+    services.settings.publish_ahead = 4  # messages queued ahead of the free slots
     submitted = [
         (await Submitter(services).submit(TaskIntent("diagnostics.sleep", {"steps": i + 1}))).task_id
         for i in range(6)
