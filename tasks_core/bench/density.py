@@ -21,7 +21,6 @@ N have started: Procrastinate's jobs in status ``doing``, arq's jobs counting th
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,9 +113,8 @@ async def _run(opts: DensityOptions) -> dict[str, Any]:
             f"capacity {opts.noop_concurrency}"
         )
     # Peers on their natural stores, where installed; a missing one is a note, not an error.
-    pv = peers.procrastinate_version()
-    arq_python = peers.peers_python()
-    arq_v = peers.arq_version(arq_python) if arq_python is not None else None
+    found = peers.installed()
+    pv, arq_python, arq_v = found.procrastinate, found.arq_python, found.arq
     for n in opts.sizes:
         if pv is not None:
             variants[f"procrastinate-{n}"] = (
@@ -165,10 +163,8 @@ async def _run(opts: DensityOptions) -> dict[str, Any]:
             if pq is not None:
                 await pq.close()
             await services.close()
-    for missing, line in ((pv is None, peers.PROCRASTINATE_MISSING), (arq_python is None, peers.ARQ_MISSING)):
-        if missing:
-            print(f"dtask bench: {line}", file=sys.stderr)
-            doc.note(line)
+    for line in found.missing:
+        doc.note(line)
     return _finish(doc, rounds, opts)
 
 

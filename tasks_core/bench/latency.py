@@ -28,7 +28,6 @@ Each round starts a fresh worker (so leftover sleeps never leak into the next ro
 from __future__ import annotations
 
 import asyncio
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,13 +85,13 @@ async def _run(opts: LatencyOptions) -> dict[str, Any]:
             "submitted together WAIT FOR A FREE SLOT (capacity queueing, not transport delay)"
         ),
     }
-    peer_names = _peer_variants(opts, variants)
+    found = peers.installed(opts.peers)
+    peer_names = _peer_variants(opts, variants, found)
     doc = Document("latency", public_options(opts), quick=opts.quick)
     rounds = Rounds(variants)
     pooled: dict[str, dict[str, list[float]]] = {
         v: {"running": [], "terminal": [], "handoff": []} for v in variants
     }
-    arq_python = peers.peers_python() if "arq" in variants else None
     async with BenchEnv("latency", opts) as env:
         db_url = await env.create_database("latency")
         services = durable_services(env, db_url, capacity=opts.capacity)
@@ -113,14 +112,14 @@ async def _run(opts: LatencyOptions) -> dict[str, Any]:
                         env, services.engine, samples=opts.samples, warmup=opts.warmup,
                         concurrency=opts.concurrency, stall_seconds=opts.stall_seconds)
                 elif name == "arq":
-                    assert arq_python is not None
+                    assert found.arq_python is not None
                     data, running = await peers.arq_latency_round(
-                        env, arq_python, samples=opts.samples, warmup=opts.warmup,
+                        env, found.arq_python, samples=opts.samples, warmup=opts.warmup,
                         concurrency=opts.concurrency)
                     terminal = []
                 else:
                     data, running, terminal, handoffs = await _round(env, services, settings, opts, name)
-                if name in peer_names.get("run", []):
+                if name in peer_names:
                     doc.settings.setdefault("peer_argv", {})[name] = data.pop("argv")
                     data.update(_percentiles(running, terminal))
                 pooled[name]["running"] += running
@@ -131,7 +130,7 @@ async def _run(opts: LatencyOptions) -> dict[str, Any]:
             if pq is not None:
                 await pq.close()
             await services.close()
-    for line in peer_names.get("missing", []):
+    for line in found.missing:
         doc.note(line)
     for name in variants:
         rounds.extra[name]["pooled"] = {
@@ -145,7 +144,7 @@ async def _run(opts: LatencyOptions) -> dict[str, Any]:
     for name in ("busy", "saturated"):
         p50 = rounds.extra[name]["pooled"]["submit_to_running_ms"].get("p50")
         doc.data["ratios"][f"{name} / idle (submit-to-running p50)"] = ratio(p50, idle)
-    for name in peer_names.get("run", []):
+    for name in peer_names:
         p50 = rounds.extra[name]["pooled"]["submit_to_running_ms"].get("p50")
         doc.data["ratios"][f"idle / {name} (submit-to-running p50)"] = ratio(idle, p50)
     rows = []
@@ -165,42 +164,31 @@ async def _run(opts: LatencyOptions) -> dict[str, Any]:
              "that took the freed slot, while the capacity is full and a backlog waits")
     doc.note(f"saturated = waiting for one of {opts.capacity} slots held by {opts.saturated_sleep:g} s "
              "sleeps; compare it with the sleep length, not with idle")
-    if peer_names.get("run"):
+    if peer_names:
         doc.note("peers run idle, one no-op at a time, on the same machine in the same rounds; plain-celery "
                  "and arq time stamp their run once (no separate terminal)")
     return doc.finish()
 
 
-def _peer_variants(opts: LatencyOptions, variants: dict[str, str]) -> dict[str, list[str]]:
-    """Add the peers that can run to ``variants``; {"run": names, "missing": one line per missing peer}."""
+def _peer_variants(opts: LatencyOptions, variants: dict[str, str], found: peers.Installed) -> list[str]:
+    """Add the peers that can run to ``variants``; their names."""
     if not opts.peers:
-        return {}
+        return []
     variants["plain-celery"] = (
         f"plain Celery no-op, same transport settings, prefork -c {opts.concurrency}; idle, one at a time, "
         "publish to the task's own time stamp"
     )
-    run, missing = ["plain-celery"], []
-    version = peers.procrastinate_version()
-    if version is None:
-        missing.append(peers.PROCRASTINATE_MISSING)
-    else:
+    if found.procrastinate is not None:
         variants["procrastinate"] = (
-            f"procrastinate {version} no-op, one worker with --concurrency {opts.concurrency}; idle, one "
-            "at a time, defer to its started/succeeded events (PostgreSQL clock)"
+            f"procrastinate {found.procrastinate} no-op, one worker with --concurrency {opts.concurrency}; "
+            "idle, one at a time, defer to its started/succeeded events (PostgreSQL clock)"
         )
-        run.append("procrastinate")
-    python = peers.peers_python()
-    if python is None:
-        missing.append(peers.ARQ_MISSING)
-    else:
+    if found.arq is not None:
         variants["arq"] = (
-            f"arq {peers.arq_version(python)} no-op, max_jobs={opts.concurrency}, other settings at arq's "
-            "defaults (0.5 s queue poll); idle, one at a time, enqueue to the job's own time stamp"
+            f"arq {found.arq} no-op, max_jobs={opts.concurrency}, other settings at arq's defaults (0.5 s "
+            "queue poll); idle, one at a time, enqueue to the job's own time stamp"
         )
-        run.append("arq")
-    for line in missing:
-        print(f"dtask bench: {line}", file=sys.stderr)
-    return {"run": run, "missing": missing}
+    return [name for name in ("plain-celery", "procrastinate", "arq") if name in variants]
 
 
 def _percentiles(running: list[float], terminal: list[float]) -> dict[str, Any]:
@@ -266,15 +254,13 @@ async def _round(
         )).mappings().all()
     running = [seconds(r["started_at"] - r["created_at"]) * 1000 for r in rows]
     terminal = [seconds(r["finished_at"] - r["created_at"]) * 1000 for r in rows]
-    run_s, end_s = summarize(running), summarize(terminal)
     handoffs: list[float] = []
     if variant == "saturated":
         handoffs = await _handoffs(engine, [*sleeps, *ids], opts.capacity)
     data = {
         "samples": len(rows),
         "succeeded": sum(r["status"] == "success" for r in rows),
-        "to_running_p50_ms": run_s["p50"], "to_running_p99_ms": run_s["p99"],
-        "to_terminal_p50_ms": end_s["p50"], "to_terminal_p99_ms": end_s["p99"],
+        **_percentiles(running, terminal),
         "worker_startup_seconds": startup,
     }
     if handoffs:

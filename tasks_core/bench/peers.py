@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,30 @@ ARQ_MISSING = "arq is not installed (scripts/bench-peers makes .venv-peers): its
 PEERS_PYTHON_ENV = "DTASK_BENCH_PEERS_PYTHON"
 PROCRASTINATE_DSN_ENV = "DTASK_BENCH_PROCRASTINATE_DSN"
 ARQ_SCRIPT = Path(__file__).with_name("arq_peer.py")
+
+
+@dataclass
+class Installed:
+    """The peers a run can include: Procrastinate's version, the arq venv's interpreter and arq's
+    version (None where missing), and one line per missing peer for the result's notes."""
+
+    procrastinate: str | None = None
+    arq_python: str | None = None
+    arq: str | None = None
+    missing: list[str] = field(default_factory=list)
+
+
+def installed(wanted: bool = True) -> Installed:
+    """Which peers can run (none unless ``wanted``); each missing one is said in one line on stderr."""
+    if not wanted:
+        return Installed()
+    python = peers_python()
+    found = Installed(procrastinate_version(), python, arq_version(python) if python else None)
+    found.missing = [line for absent, line in ((found.procrastinate is None, PROCRASTINATE_MISSING),
+                                               (python is None, ARQ_MISSING)) if absent]
+    for line in found.missing:
+        print(f"dtask bench: {line}", file=sys.stderr)
+    return found
 
 
 def procrastinate_version() -> str | None:

@@ -25,7 +25,6 @@ the run's own there (made and deleted by the run); the result records which brok
 from __future__ import annotations
 
 import asyncio
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,8 +98,8 @@ async def _run(opts: ThroughputOptions) -> dict[str, Any]:
         "publish to last completion"
     )
     # Peers on their natural stores, where installed; a missing one is a note, not an error.
-    pv = peers.procrastinate_version() if opts.peers else None
-    arq_python = peers.peers_python() if opts.peers else None
+    found = peers.installed(opts.peers)
+    pv, arq_python = found.procrastinate, found.arq_python
     if pv is not None:
         variants["procrastinate"] = (
             f"procrastinate {pv} no-op, one worker process with --concurrency {opts.concurrency}, "
@@ -108,12 +107,9 @@ async def _run(opts: ThroughputOptions) -> dict[str, Any]:
         )
     if arq_python is not None:
         variants["arq"] = (
-            f"arq {peers.arq_version(arq_python)} no-op, one worker process with max_jobs={opts.concurrency} "
+            f"arq {found.arq} no-op, one worker process with max_jobs={opts.concurrency} "
             "(other settings at arq's defaults), Redis; first enqueue to last completion"
         )
-    for missing, line in ((pv is None, peers.PROCRASTINATE_MISSING), (arq_python is None, peers.ARQ_MISSING)):
-        if opts.peers and missing:
-            print(f"dtask bench: {line}", file=sys.stderr)
     # Without pgbench the other variants still run; the ratios against it are then null.
     for c in clients if exe else ():
         variants[f"pgbench-c{c}"] = f"pgbench: insert + claim update + terminal update, {c} client(s)"
@@ -170,10 +166,8 @@ async def _run(opts: ThroughputOptions) -> dict[str, Any]:
             if pq is not None:
                 await pq.close()
             await services.close()
-    if opts.peers and pv is None:
-        doc.note(peers.PROCRASTINATE_MISSING)
-    if opts.peers and arq_python is None:
-        doc.note(peers.ARQ_MISSING)
+    for line in found.missing:
+        doc.note(line)
     return _finish(doc, rounds, capacities, clients, opts.concurrency)
 
 
