@@ -51,8 +51,8 @@ class WorkerLoop:
         )
         # An unresponsive handler was left running in this loop (it ignored its cancellation).
         self.abandoned = False
-        self._flushed_at = 0.0
         self._flushing = False
+        self._flush_task: asyncio.Task[None] | None = None
         self._thread = threading.Thread(target=self._serve, name="dtask-loop", daemon=True)
         self._thread.start()
         self.watchdog = LoopWatchdog(self.loop, settings.loop_lag_warn_seconds)
@@ -63,29 +63,20 @@ class WorkerLoop:
         self.loop.run_forever()
 
     def _flush_on_timer(self) -> None:
-        # Also between the tasks of one message: with DTASK_WORKER_RUN_NEXT a process may run
-        # task after task for minutes without returning to Celery (and to ``run``'s flush).
-        self._maybe_flush()
+        # Every DTASK_METRICS_FLUSH_SECONDS, from the loop itself: a flush per task would be a Redis
+        # round trip per task, and a process running task after task for one message
+        # (DTASK_WORKER_RUN_NEXT) may not return from ``run`` for minutes. The last deltas go when
+        # the process stops.
+        if not self._flushing:
+            self._flushing = True
+            self._flush_task = self.loop.create_task(self._flush())
         self.loop.call_later(max(self.services.settings.metrics_flush_seconds, 0.1), self._flush_on_timer)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the loop and wait for it (from any thread but the loop's own)."""
-        try:
-            return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-        finally:
-            self._maybe_flush()
-
-    def _maybe_flush(self) -> None:
-        # At most every DTASK_METRICS_FLUSH_SECONDS, in the background: a flush per task would be
-        # a Redis round trip per task. The last deltas go when the process stops.
-        due = time.monotonic() - self._flushed_at >= self.services.settings.metrics_flush_seconds
-        if self._flushing or not due:
-            return
-        self._flushing = True
-        asyncio.run_coroutine_threadsafe(self._flush(), self.loop)
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     async def _flush(self) -> None:
-        self._flushed_at = time.monotonic()
         try:
             await metrics.flush(self.services.redis)
         except Exception:  # metrics must never fail a task; the deltas wait for the next flush
