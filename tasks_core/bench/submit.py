@@ -6,12 +6,14 @@ No worker runs: this times submission alone. Variants, in alternating rounds:
   ``inproc-single`` (``submit`` one by one, one caller), ``inproc-batch100`` and ``inproc-batch1000``
   (``submit_many``). Each call commits, then publishes what capacity can take (the relay carries
   the rest as slots free). Intents/s = intents / wall time of the calls.
-- over HTTP against one real ``dtask api`` process (``--clients`` concurrent clients, httpx):
+- over HTTP against one real ``dtask api`` process (``--clients`` concurrent aiohttp clients):
   ``http-healthz`` (GET /healthz: the api's own ceiling in this run), ``http-single`` (POST /tasks),
   ``http-batch1000`` (POST /tasks/batch of 1,000). Rates are reported as ratios to healthz, with
   request p50/p99 and the refused (4xx) and failed (5xx, transport) counts, and the CPU each request
-  cost the api process, PostgreSQL, Redis and the bench's own httpx clients: where the clients keep
-  a core busy, the load generator, not the api, set the rate (and the ratio).
+  cost the api process, PostgreSQL, Redis and the bench's own clients: where the clients keep a
+  core busy, the load generator, not the api, set the rate (and the ratio). The clients are
+  aiohttp's, not httpx's: httpx spent 1.64 ms of CPU per healthz request, so its clients, not the
+  api (0.23 ms), set healthz's rate; aiohttp spends about 0.12 ms.
 - ``procrastinate-single`` / ``procrastinate-batch1000``: Procrastinate's ``defer_async`` and
   ``batch_defer_async`` on the same PostgreSQL, when it is installed (``pip install -e .[bench]``).
 
@@ -21,10 +23,10 @@ The task tables are emptied between rounds, so every round submits into the same
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,7 +85,10 @@ def _variants(opts: SubmitOptions, with_procrastinate: bool) -> dict[str, str]:
 
 
 async def _run(opts: SubmitOptions) -> dict[str, Any]:
-    import httpx
+    try:
+        import aiohttp
+    except ImportError:
+        raise BenchError("the HTTP variants' clients need aiohttp: pip install -e '.[bench]'") from None
 
     from tasks_core.embedded import free_port
 
@@ -105,13 +110,13 @@ async def _run(opts: SubmitOptions) -> dict[str, Any]:
         doc.settings["api_argv"] = api.argv
         pq = peers.Procrastinate(db_url) if pv is not None else None
         # Idle keep-alive connections are dropped by the client before uvicorn's 5 s keep-alive
-        # timeout closes them: the same 5 s on both sides races, and the first request of a round
-        # that follows a long in-process round then meets a closed socket (httpx ReadError).
-        limits = httpx.Limits(max_connections=opts.clients, max_keepalive_connections=opts.clients,
-                              keepalive_expiry=2.0)
+        # timeout closes them: with the same 5 s on both sides, the first request of a round that
+        # follows a long in-process round could meet a socket the server just closed.
+        connector = aiohttp.TCPConnector(limit=opts.clients, keepalive_timeout=2.0)
         try:
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120, limits=limits,
-                                         headers={"Authorization": f"Bearer {secret}"}) as client:
+            async with aiohttp.ClientSession(f"http://127.0.0.1:{port}", connector=connector,
+                                             timeout=aiohttp.ClientTimeout(total=120),
+                                             headers={"Authorization": f"Bearer {secret}"}) as client:
                 await _wait_api(env, client, api)
                 if pq is not None:
                     await pq.open()
@@ -143,12 +148,13 @@ async def _run(opts: SubmitOptions) -> dict[str, Any]:
 
 
 async def _wait_api(env: BenchEnv, client: Any, api: Proc) -> None:
-    import httpx
+    import aiohttp
 
     async def answers() -> bool:
         try:
-            return bool((await client.get("/healthz")).status_code == 200)
-        except httpx.TransportError:
+            async with client.get("/healthz") as response:
+                return bool(response.status == 200)
+        except aiohttp.ClientError:
             return False
 
     await poll(answers, within=60, interval=0.2, what="the api to answer", check=lambda: env.check_alive(api))
@@ -204,26 +210,15 @@ async def _pending(engine: Any) -> int:
 async def _http(
     client: Any, name: str, opts: SubmitOptions, api: Proc, env: BenchEnv
 ) -> tuple[dict[str, Any], list[float]]:
-    import httpx
+    import aiohttp
 
     single_body = {"task_type": NOOP, "payload": {}}
-    batch_body = {"tasks": [single_body] * BATCH}
-    request: Callable[[], Awaitable[httpx.Response]]
-    if name == "http-healthz":
-        total, per_call, ok_status = opts.http_requests, 0, 200
-
-        def request() -> Awaitable[httpx.Response]:
-            return client.get("/healthz")  # type: ignore[no-any-return]
-    elif name == "http-single":
-        total, per_call, ok_status = opts.http_requests, 1, 202
-
-        def request() -> Awaitable[httpx.Response]:
-            return client.post("/tasks", json=single_body)  # type: ignore[no-any-return]
-    else:
-        total, per_call, ok_status = opts.http_batches, BATCH, 202
-
-        def request() -> Awaitable[httpx.Response]:
-            return client.post("/tasks/batch", json=batch_body)  # type: ignore[no-any-return]
+    method, path, body, per_call, ok_status = {
+        "http-healthz": ("GET", "/healthz", None, 0, 200),
+        "http-single": ("POST", "/tasks", single_body, 1, 202),
+        "http-batch1000": ("POST", "/tasks/batch", {"tasks": [single_body] * BATCH}, BATCH, 202),
+    }[name]
+    total = opts.http_batches if per_call > 1 else opts.http_requests
 
     latencies: list[float] = []
     counts = {"ok": 0, "refused": 0, "failed": 0, "accepted": 0}
@@ -236,24 +231,25 @@ async def _http(
             remaining -= 1
             t = time.perf_counter()
             try:
-                response = await request()
-            except httpx.HTTPError as exc:
+                async with client.request(method, path, json=body) as response:
+                    answer = await response.read()
+            except aiohttp.ClientError as exc:
                 counts["failed"] += 1
                 errors.append(repr(exc))
                 continue
             latencies.append((time.perf_counter() - t) * 1000)
-            if response.status_code == ok_status:
+            if response.status == ok_status:
                 counts["ok"] += 1
                 if per_call > 1:
-                    counts["accepted"] += int(response.json()["accepted"])
+                    counts["accepted"] += int(json.loads(answer)["accepted"])
                 else:
                     counts["accepted"] += per_call
-            elif 400 <= response.status_code < 500:
+            elif 400 <= response.status < 500:
                 counts["refused"] += 1
-                errors.append(f"{response.status_code} {response.text[:200]}")
+                errors.append(f"{response.status} {answer[:200]!r}")
             else:
                 counts["failed"] += 1
-                errors.append(f"{response.status_code} {response.text[:200]}")
+                errors.append(f"{response.status} {answer[:200]!r}")
 
     log_start = api.log.stat().st_size
     cpu_before, client_before = cpu.snapshot([api.pid]), time.process_time()
@@ -268,7 +264,7 @@ async def _http(
         "requests": total, "seconds": elapsed, "requests_per_s": total / elapsed,
         "p50_ms": stats.get("p50"), "p99_ms": stats.get("p99"), "ok": counts["ok"],
         "refused": counts["refused"], "failed": counts["failed"], "errors": errors[:5],
-        # CPU per request: the api process, PostgreSQL, Redis, and the bench's own httpx clients;
+        # CPU per request: the api process, PostgreSQL, Redis, and the bench's own clients;
         # client_cores near 1 means the load generator, not the api, set the rate.
         "cpu_api_ms": spent["cpu_worker_main_ms"] + spent["cpu_worker_children_ms"],
         "cpu_postgres_ms": spent["cpu_postgres_ms"], "cpu_redis_ms": spent["cpu_redis_ms"],
@@ -334,13 +330,13 @@ def _finish(
         ])
     doc.table("submit: median intents/s over rounds (healthz: requests/s)",
               ["variant", "intents/s", "x healthz", "p50 ms", "p99 ms", "refused", "failed"], rows)
-    doc.note(f"one `dtask api` process, no worker, {opts.clients} concurrent httpx clients in the bench "
+    doc.note(f"one `dtask api` process, no worker, {opts.clients} concurrent aiohttp clients in the bench "
              "process; ratios to GET /healthz of the same api in the same run")
     for name in rounds.descriptions:
         m = rounds.medians(name)
         if "cpu_api_ms" in m:
             doc.note(f"CPU ms per request, {name}: api {m['cpu_api_ms']:.2f}, postgres "
-                     f"{m.get('cpu_postgres_ms', 0):.2f}, redis {m.get('cpu_redis_ms', 0):.2f}, httpx client "
+                     f"{m.get('cpu_postgres_ms', 0):.2f}, redis {m.get('cpu_redis_ms', 0):.2f}, client "
                      f"{m['cpu_client_ms']:.2f} (client busy {m['client_cores']:.2f} of a core)")
     doc.note("failed counts in-process intents left unpublished by a broker error, and HTTP 5xx/transport "
              "errors; refused counts 4xx answers and refused batch entries")
