@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tasks_core.db import make_engine
+from tasks_core.group_commit import GroupCommit
 from tasks_core.registry import Registry, default_registry
 from tasks_core.repository import TaskRepository
 from tasks_core.settings import Settings
@@ -30,6 +31,8 @@ class Services:
     transport: Transport
     worker_name: str = field(default_factory=socket.gethostname)
     _redis: aioredis.Redis | None = None
+    # Concurrent single submissions of this process share a transaction (Submitter.submit).
+    submit_group: GroupCommit[Any, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def redis(self) -> aioredis.Redis:

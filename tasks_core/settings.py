@@ -94,6 +94,13 @@ class Settings(BaseSettings):
     # (docs/benchmarks.md). The costs: Flower shows one Celery task for the whole row, and
     # worker_max_tasks_per_child counts messages, not tasks. 0 sends every id through the broker.
     worker_run_next: int = Field(default=100, ge=0, le=100_000)
+    # Most single submissions (Submitter.submit, POST /tasks) one process commits in one
+    # transaction: those that arrive while a transaction is committing share the next one (group
+    # commit, no timer: a lone submission commits at once). At 32 concurrent clients this cut the
+    # api's CPU per POST /tasks (docs/benchmarks.md). The cost: a transient database error fails
+    # every submission of its group (each caller gets the error, nothing is stored); any other
+    # error retries the group's submissions one by one. 1: each submission its own transaction.
+    submit_group_max: int = Field(default=1000, ge=1, le=1000)
     # Most pending tasks one publisher run sends: batches keep each duty run short and bounded.
     publish_batch: int = Field(default=500, ge=1)
     # Most expired leases one reconciler run converges (bounded, like the publisher's).

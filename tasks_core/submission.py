@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tasks_core.db import is_transient
+from tasks_core.group_commit import GroupCommit
 from tasks_core.registry import Registry, TaskSpec
 from tasks_core.relay import Relayed, publish_due, take_relay_due
 from tasks_core.repository import NewTask
@@ -236,6 +237,13 @@ class SubmitTransaction:
         self.results.append(result)
         return result
 
+    async def add_valid(self, news: Sequence[NewTask]) -> list[Submitted]:
+        """Insert intents already validated, in one statement (in order); no quota check."""
+        inserted = await self.submitter.services.repo.insert_many(self.conn, news)
+        added = [Submitted(task_id=r.id, duplicate_of=r.duplicate_of, row=r.row) for r in inserted]
+        self.results += added
+        return added
+
     async def add_many(self, intents: Sequence[TaskIntent]) -> list[Submitted | InvalidTask]:
         """Validate each intent; insert the valid ones in one statement (in order). Each invalid one
         is reported in its place, and stores nothing."""
@@ -256,18 +264,8 @@ class SubmitTransaction:
                 )
             except InvalidTask as exc:
                 checked.append(exc)
-        valid = [c for c in checked if isinstance(c, NewTask)]
-        inserted = iter(await services.repo.insert_many(self.conn, valid))
-        results: list[Submitted | InvalidTask] = []
-        for c in checked:
-            if isinstance(c, InvalidTask):
-                results.append(c)
-                continue
-            row = next(inserted)
-            submitted = Submitted(task_id=row.id, duplicate_of=row.duplicate_of, row=row.row)
-            self.results.append(submitted)
-            results.append(submitted)
-        return results
+        added = iter(await self.add_valid([c for c in checked if isinstance(c, NewTask)]))
+        return [c if isinstance(c, InvalidTask) else next(added) for c in checked]
 
 
 @dataclass(frozen=True)
@@ -332,6 +330,13 @@ class Submitter:
         admin: bool = True,
         idempotency: Idempotency | None = None,
     ) -> Submitted:
+        """Store one intent and publish it. Concurrent calls share a transaction (group commit),
+        except with an Idempotency-Key or an owner quota, whose checks lock per request."""
+        settings = self.services.settings
+        grouped = settings.submit_group_max > 1 and (settings.owner_max_pending is None or owner is None)
+        if idempotency is None and grouped:
+            new = validate(intent, self.services.registry, settings, owner, admin=admin)
+            return await self._group()(new)
         [outcome] = await self._submit([intent], owner, admin, idempotency, all_or_nothing=True)
         if isinstance(outcome, InvalidTask):  # only a replayed refusal gets here
             raise outcome
@@ -382,6 +387,19 @@ class Submitter:
                     tx.conn, owner or "", idempotency.key, [_record(o) for o in outcomes]
                 )
         return outcomes
+
+    def _group(self) -> GroupCommit[NewTask, Submitted]:
+        group = self.services.submit_group
+        if group is None:
+            group = GroupCommit(self._commit_group, max_size=self.services.settings.submit_group_max)
+            self.services.submit_group = group
+        return group
+
+    async def _commit_group(self, news: Sequence[NewTask]) -> list[Submitted]:
+        """One transaction for validated intents of any owners (each NewTask carries its own)."""
+        async with self.transaction() as tx:
+            added = await tx.add_valid(news)
+        return added
 
     async def _publish(self, results: list[Submitted], due: list[tuple[uuid.UUID, str]]) -> None:
         """Publish what the transaction stamped, oldest pending first (these tasks or older ones);

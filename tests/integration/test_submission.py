@@ -156,11 +156,14 @@ async def test_submit_many_over_the_batch_limit_stores_nothing(services: Any, re
     assert redis_client.llen(QUEUE) == 0
 
 
+@pytest.mark.parametrize("group_max", [1000, 1], ids=["one-group-commit", "a-transaction-each"])
 async def test_twenty_concurrent_submits_of_one_dedupe_key_make_one_task(
-    services: Any, redis_client: Any
+    services: Any, settings_factory: Any, redis_client: Any, group_max: int
 ) -> None:
     """I4: 20 submitters racing with one (type, dedupe_key) leave exactly one active task; every
-    other answer names it as duplicate_of. Once that task is terminal the key is free again."""
+    other answer names it as duplicate_of. Once that task is terminal the key is free again. The
+    racers share one statement (group commit) or race in 20 transactions of their own."""
+    services = dataclasses.replace(services, settings=settings_factory(submit_group_max=group_max))
     submitter = Submitter(services)
     intent = TaskIntent("diagnostics.sleep", {"seconds": 1}, dedupe_key="nightly-reindex")
     gate = asyncio.Event()
