@@ -33,7 +33,7 @@ EXPECTED_VARIANTS = {
     "soak": {"durable", "plain-celery"},
     "density": {"prefork-4", "dense-4", "prefork-noop", "dense-noop"},
     "submit": {"inproc-single", "inproc-batch100", "inproc-batch1000", "http-healthz", "http-single",
-               "http-batch1000"},
+               "http-batch1000", "httpx-healthz", "httpx-single"},
 }
 # Peers join the throughput, submit and density runs where installed (the bench extra; scripts/bench-peers).
 PEER_VARIANTS = {
@@ -56,6 +56,7 @@ HEADLINE = {
     "density:prefork-noop": ["tasks_per_s"],
     "density:dense-noop": ["tasks_per_s"],
     "submit:http-healthz": ["seconds", "requests_per_s"],
+    "submit:httpx-healthz": ["seconds", "requests_per_s"],
     # Their one time stamp is the run: no separate terminal.
     "latency:plain-celery": ["to_running_p50_ms", "to_running_p99_ms"],
     "latency:arq": ["to_running_p50_ms", "to_running_p99_ms"],
@@ -152,6 +153,9 @@ def test_submit(tmp_path: Path, redis_url: str) -> None:
     single = data["variants"]["http-single"]["rounds"][0]
     assert single["intents"] == single["pending_rows"] == settings["http_requests"]
     assert data["ratios"]["http-single / http-healthz (requests/s)"] > 0
+    assert data["ratios"]["httpx-single / httpx-healthz (requests/s)"] > 0
+    httpx_single = data["variants"]["httpx-single"]["rounds"][0]
+    assert httpx_single["intents"] == httpx_single["pending_rows"] == settings["http_requests"]
     # Who spent the CPU of a request: a submission costs the api and PostgreSQL, healthz no database.
     assert single["cpu_api_ms"] > 0 and single["cpu_postgres_ms"] > 0 and single["cpu_client_ms"] > 0
     assert any(note.startswith("CPU ms per request, http-single:") for note in data["notes"])
