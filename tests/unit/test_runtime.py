@@ -221,3 +221,33 @@ async def test_a_message_arriving_during_shutdown_is_left_for_another_worker(svc
     assert (outcome.claimed, outcome.status) == (False, "worker_shutting_down")
     assert row["status"] == "pending" and row["last_published_at"] is None  # due for re-sending
     assert await svc.repo.attempts(task_id) == []
+
+
+async def test_a_handler_that_ends_before_its_first_beat_starts_no_heartbeat_or_watch_task(svc: Any) -> None:
+    """The heartbeat task starts at the first beat's time and the shutdown grace on the signal:
+    a short attempt creates its handler task and nothing else that waits (issue 10's CPU)."""
+    quick = await submit(svc, "diagnostics.noop")
+    slow = await submit(svc, "diagnostics.sleep", {"seconds": 1.2})  # past a beat (lease 1.5 s / 3)
+    loop = asyncio.get_running_loop()
+    started: list[str] = []  # the coroutine of every task created, by qualified name
+    default = loop.get_task_factory()
+
+    def recording(loop: Any, coro: Any, **kw: Any) -> Any:
+        started.append(getattr(coro, "__qualname__", repr(coro)))
+        return asyncio.Task(coro, loop=loop, **kw) if default is None else default(loop, coro, **kw)
+
+    def attempt_tasks(names: list[str]) -> list[str]:
+        return [n for n in names if n.startswith(("Execution.", "Event."))]
+
+    loop.set_task_factory(recording)
+    try:
+        assert (await run_task(svc, str(quick), ShutdownSignal())).status == "success"
+        quick_tasks = attempt_tasks(started)
+        started.clear()
+        assert (await run_task(svc, str(slow), ShutdownSignal())).status == "success"
+    finally:
+        loop.set_task_factory(default)
+    assert quick_tasks == ["Execution._load_and_run"]
+    assert attempt_tasks(started) == ["Execution._load_and_run", "Execution._heartbeat"]
+    row = await svc.repo.get(slow)
+    assert row["heartbeat_at"] > row["started_at"]  # the slow one beat, through the same code
