@@ -40,6 +40,8 @@ class ShutdownSignal:
         self._callbacks: list[Callable[[], None]] = []
 
     def set(self) -> None:
+        if self.event.is_set():
+            return
         self.event.set()
         for callback in self._callbacks[:]:
             callback()
