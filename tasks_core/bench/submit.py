@@ -161,7 +161,7 @@ async def _run(opts: SubmitOptions) -> dict[str, Any]:
     return _finish(doc, rounds, pooled, opts, pv)
 
 
-# (status, body) of one request; a transport failure raises one of transport_errors().
+# (status, body) of one request; a transport failure raises one of _transport_errors().
 Send = Callable[[str, str, Any], Awaitable[tuple[int, bytes]]]
 
 
@@ -181,7 +181,7 @@ def _httpx_sender(client: Any) -> Send:
     return send
 
 
-def transport_errors() -> tuple[type[Exception], ...]:
+def _transport_errors() -> tuple[type[Exception], ...]:
     import aiohttp
     import httpx
 
@@ -192,7 +192,7 @@ async def _wait_api(env: BenchEnv, send: Send, api: Proc) -> None:
     async def answers() -> bool:
         try:
             return (await send("GET", "/healthz", None))[0] == 200
-        except transport_errors():
+        except _transport_errors():
             return False
 
     await poll(answers, within=60, interval=0.2, what="the api to answer", check=lambda: env.check_alive(api))
@@ -268,7 +268,7 @@ async def _http(
             t = time.perf_counter()
             try:
                 code, answer = await send(method, path, body)
-            except transport_errors() as exc:
+            except _transport_errors() as exc:
                 counts["failed"] += 1
                 errors.append(repr(exc))
                 continue
