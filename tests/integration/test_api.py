@@ -104,6 +104,32 @@ async def test_active_duplicate_is_409_with_the_holder(client: httpx.AsyncClient
     assert await total(svc) == 1
 
 
+async def test_concurrent_posts_share_commits_and_each_gets_its_own_answer(
+    client: httpx.AsyncClient, svc: Any
+) -> None:
+    """Group commit over HTTP: 30 concurrent POST /tasks from two keys, ten of them racing for one
+    dedupe key. Every plain one gets its own task (owned by its key), the racers one 202 and
+    nine 409 naming it, and an invalid one its own 422 without failing the others."""
+    plain = [post_task(client, ALICE if i % 2 else BOB, payload={"i": i}) for i in range(19)]
+    racers = [post_task(client, dedupe_key="nightly") for _ in range(10)]
+    bad = [post_task(client, timeout_seconds=-1)]
+    answers = await asyncio.gather(*plain, *racers, *bad)
+    created = answers[:19]
+    assert [r.status_code for r in created] == [202] * 19
+    assert len({r.json()["id"] for r in created}) == 19
+    for i, r in enumerate(created):
+        row = await svc.repo.get(uuid.UUID(r.json()["id"]))
+        assert row["payload"] == {"i": i} and row["owner"] == ("alice" if i % 2 else "bob")
+    race = answers[19:29]
+    winner = [r.json()["id"] for r in race if r.status_code == 202]
+    assert len(winner) == 1
+    assert sorted(r.status_code for r in race) == [202] + [409] * 9
+    assert all(r.json()["task_id"] == winner[0] for r in race if r.status_code == 409)
+    assert answers[29].status_code == 422
+    assert await total(svc) == 20
+    assert svc.submit_group.groups < 20  # they shared transactions
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
