@@ -33,7 +33,7 @@ EXPECTED_VARIANTS = {
     "soak": {"durable", "plain-celery"},
     "density": {"prefork-4", "dense-4", "prefork-noop", "dense-noop"},
     "submit": {"inproc-single", "inproc-batch100", "inproc-batch1000", "http-healthz", "http-single",
-               "http-batch1000", "httpx-healthz", "httpx-single"},
+               "http-batch1000", "httpx-healthz", "httpx-single", "httpx-batch1000"},
 }
 # Peers join the throughput, submit and density runs where installed (the bench extra; scripts/bench-peers).
 PEER_VARIANTS = {
