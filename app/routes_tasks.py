@@ -7,13 +7,13 @@ import json
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from app import task_actions
-from app.auth import Principal, principal
 from app.cache import TtlCache
+from app.dependencies import Caller, Svc
 from app.schemas import (
     NO_NUL,
     BatchIn,
@@ -31,17 +31,10 @@ from tasks_core.submission import Idempotency, InvalidTask, Submitted, Submitter
 from tasks_core.views import task_view
 
 router = APIRouter(prefix="/tasks", tags=["tasks"])
-Caller = Annotated[Principal, Depends(principal)]
 NOT_FOUND = {404: {"model": Message, "description": "No such task (or not yours)"}}
 AUTH = {401: {"model": Message, "description": "Missing or invalid API key"}}
 
 
-async def services(request: Request) -> Services:
-    svc: Services = request.app.state.services
-    return svc
-
-
-Svc = Annotated[Services, Depends(services)]
 
 
 def _intent(body: TaskIn) -> TaskIntent:

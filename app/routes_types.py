@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 
-from app.auth import Principal, principal
+from app.dependencies import Caller
 from app.schemas import Message, TaskType
 from tasks_core.services import Services
 from tasks_core.submission import may_submit
@@ -21,7 +21,7 @@ ANY_OBJECT: dict[str, Any] = {"type": "object"}
     response_model=list[TaskType],
     responses={401: {"model": Message, "description": "Missing or invalid API key"}},
 )
-async def task_types(request: Request, caller: Annotated[Principal, Depends(principal)]) -> Any:
+async def task_types(request: Request, caller: Caller) -> Any:
     """Every task type this key may submit: its handler version, default timeout, retry-safety and
     the JSON Schema its payload is checked against."""
     svc: Services = request.app.state.services

@@ -11,10 +11,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi import APIRouter, HTTPException, Path, Query
 from fastapi.responses import JSONResponse
 
-from app.auth import Principal, principal
+from app.auth import Principal
+from app.dependencies import Caller, Svc
 from domains.evaluation import store
 from domains.evaluation.generation import capacity, load_generator
 from domains.evaluation.model import COMPLETED, GENERATING, RUNNING
@@ -49,14 +50,7 @@ COMMON: Responses = {401: _err("Missing or invalid API key"), 404: _err("No such
 QUOTA: Responses = {429: _err("You already have DTASK_OWNER_MAX_PENDING pending tasks")}
 
 
-async def _services(request: Request) -> Services:
-    svc: Services = request.app.state.services
-    return svc
-
-
 router = APIRouter(prefix=PREFIX, tags=["evaluation"])
-Caller = Annotated[Principal, Depends(principal)]
-Svc = Annotated[Services, Depends(_services)]
 DatasetId = Annotated[str, Path(pattern=ID, description="A dataset id (32 hex digits)")]
 RunId = Annotated[str, Path(pattern=ID, description="A run id (32 hex digits)")]
 Limit = Annotated[int, Query(ge=1, le=1000)]

@@ -12,9 +12,10 @@ import binascii
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi import APIRouter, HTTPException, Path, Query
 
-from app.auth import Principal, principal
+from app.auth import Principal
+from app.dependencies import Caller, Svc
 from domains.graph import store
 from domains.graph.model import BUILT
 from domains.graph.schemas import BuildRef, EntityPage, GraphError, GraphOut, NeighborsOut
@@ -40,14 +41,7 @@ COMMON: dict[int | str, dict[str, Any]] = {
 }
 
 
-async def _services(request: Request) -> Services:
-    svc: Services = request.app.state.services
-    return svc
-
-
 router = APIRouter(prefix=PREFIX, tags=["graph"])
-Caller = Annotated[Principal, Depends(principal)]
-Svc = Annotated[Services, Depends(_services)]
 BaseId = Annotated[str, Path(pattern=ID, description="A knowledge base id (32 hex digits)")]
 
 

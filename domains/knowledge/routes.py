@@ -28,7 +28,8 @@ from fastapi import (
 )
 from fastapi.responses import JSONResponse
 
-from app.auth import Principal, principal
+from app.auth import Principal
+from app.dependencies import Caller, Svc
 from domains.knowledge import catalog, vectors
 from domains.knowledge.errors import CollectionMissing, StoreError, StoresNotConfigured
 from domains.knowledge.parsing import CONTENT_TYPES, file_type_of
@@ -77,12 +78,7 @@ COMMON: Responses = {**AUTH, **NOT_FOUND, **UNAVAILABLE}
 QUOTA: Responses = {429: _err("You already have DTASK_OWNER_MAX_PENDING pending tasks")}
 
 
-async def _services(request: Request) -> Services:
-    svc: Services = request.app.state.services
-    return svc
-
-
-def _stores(svc: Annotated[Services, Depends(_services)]) -> KnowledgeStores:
+async def _stores(svc: Svc) -> KnowledgeStores:
     """Every knowledge route needs both stores configured (a worker will, to index anything)."""
     try:
         stores = stores_for(svc.settings)
@@ -93,8 +89,6 @@ def _stores(svc: Annotated[Services, Depends(_services)]) -> KnowledgeStores:
 
 
 router = APIRouter(prefix=PREFIX, tags=["knowledge"], dependencies=[Depends(_stores)])
-Caller = Annotated[Principal, Depends(principal)]
-Svc = Annotated[Services, Depends(_services)]
 Stores = Annotated[KnowledgeStores, Depends(_stores)]
 BaseId = Annotated[str, Path(pattern=ID, description="A base id (32 hex digits)")]
 FileId = Annotated[str, Path(pattern=ID, description="A file id (32 hex digits)")]
