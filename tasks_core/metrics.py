@@ -2,15 +2,16 @@
 
 Workers are many processes on many hosts, so in-process Prometheus counters would each see only
 a slice. Instruments here record deltas in the process; ``flush()`` adds them to one Redis hash
-after each task and duty, and the API renders that hash (plus facts read from PostgreSQL) at
-``/metrics``. A crash loses at most the deltas of the run in flight.
+(a worker every DTASK_METRICS_FLUSH_SECONDS, and when it stops), and the API renders that hash
+(plus facts read from PostgreSQL) at ``/metrics``. A crash loses at most the deltas since the
+last flush.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any
+from typing import Any, Self
 
 METRICS_KEY = "dtask:metrics"
 _deltas: defaultdict[str, float] = defaultdict(float)
@@ -31,30 +32,42 @@ def _le(bound: float) -> str:
     return "+Inf" if math.isinf(bound) else repr(float(bound))
 
 
-class Counter:
-    def __init__(
-        self, name: str, doc: str, labelnames: tuple[str, ...] = (), labels: dict[str, str] | None = None
-    ):
-        self.name, self.doc, self.labelnames = name, doc, labelnames
-        self._labels = labels or {}
-        # Field names are built once per label set: a task's hot path increments several of these.
-        self._key = _field(name, self._labels)
-        # Label values are task types, reasons and write names: a small, fixed set.
-        self._children: dict[tuple[tuple[str, str], ...], Counter] = {}
+class _Labelled:
+    """``labels()`` gives one child per label set, kept: its field names are built once (a task's
+    hot path increments several instruments), and label values (task types, reasons, write names)
+    are a small, fixed set."""
 
-    def labels(self, **labels: str) -> Counter:
+    def __init__(self, labels: dict[str, str] | None) -> None:
+        self._labels = labels or {}
+        self._children: dict[tuple[tuple[str, str], ...], Self] = {}
+
+    def _child(self, labels: dict[str, str]) -> Self:
+        raise NotImplementedError
+
+    def labels(self, **labels: str) -> Self:
         key = tuple(sorted(labels.items()))
         child = self._children.get(key)
         if child is None:
-            merged = {**self._labels, **labels}
-            child = self._children[key] = Counter(self.name, self.doc, self.labelnames, merged)
+            child = self._children[key] = self._child({**self._labels, **labels})
         return child
+
+
+class Counter(_Labelled):
+    def __init__(
+        self, name: str, doc: str, labelnames: tuple[str, ...] = (), labels: dict[str, str] | None = None
+    ):
+        super().__init__(labels)
+        self.name, self.doc, self.labelnames = name, doc, labelnames
+        self._key = _field(name, self._labels)
+
+    def _child(self, labels: dict[str, str]) -> Counter:
+        return Counter(self.name, self.doc, self.labelnames, labels)
 
     def inc(self, amount: float = 1.0) -> None:
         _deltas[self._key] += amount
 
 
-class Histogram:
+class Histogram(_Labelled):
     def __init__(
         self,
         name: str,
@@ -63,23 +76,16 @@ class Histogram:
         buckets: tuple[float, ...] = (),
         labels: dict[str, str] | None = None,
     ):
+        super().__init__(labels)
         self.name, self.doc, self.labelnames, self.buckets = name, doc, labelnames, buckets
-        self._labels = labels or {}
         self._bucket_keys = [
             (bound, _field(name + "_bucket", {**self._labels, "le": _le(bound)})) for bound in buckets
         ]
         self._sum_key = _field(name + "_sum", self._labels)
         self._count_key = _field(name + "_count", self._labels)
-        self._children: dict[tuple[tuple[str, str], ...], Histogram] = {}
 
-    def labels(self, **labels: str) -> Histogram:
-        key = tuple(sorted(labels.items()))
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = Histogram(
-                self.name, self.doc, self.labelnames, self.buckets, {**self._labels, **labels}
-            )
-        return child
+    def _child(self, labels: dict[str, str]) -> Histogram:
+        return Histogram(self.name, self.doc, self.labelnames, self.buckets, labels)
 
     def observe(self, value: float) -> None:
         for bound, key in self._bucket_keys:

@@ -51,8 +51,7 @@ class WorkerLoop:
         )
         # An unresponsive handler was left running in this loop (it ignored its cancellation).
         self.abandoned = False
-        self._flushing = False
-        self._flush_task: asyncio.Task[None] | None = None
+        self._flush_task: asyncio.Task[None] | None = None  # the flush under way, if any
         self._thread = threading.Thread(target=self._serve, name="dtask-loop", daemon=True)
         self._thread.start()
         self.watchdog = LoopWatchdog(self.loop, settings.loop_lag_warn_seconds)
@@ -67,8 +66,7 @@ class WorkerLoop:
         # round trip per task, and a process running task after task for one message
         # (DTASK_WORKER_RUN_NEXT) may not return from ``run`` for minutes. The last deltas go when
         # the process stops.
-        if not self._flushing:
-            self._flushing = True
+        if self._flush_task is None or self._flush_task.done():
             self._flush_task = self.loop.create_task(self._flush())
         self.loop.call_later(max(self.services.settings.metrics_flush_seconds, 0.1), self._flush_on_timer)
 
@@ -81,8 +79,6 @@ class WorkerLoop:
             await metrics.flush(self.services.redis)
         except Exception:  # metrics must never fail a task; the deltas wait for the next flush
             log.warning("could not flush metrics to Redis", exc_info=True)
-        finally:
-            self._flushing = False
 
     def request_shutdown(self) -> None:
         """Warm shutdown: every running handler gets the grace period (callable from any thread
