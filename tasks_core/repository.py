@@ -227,7 +227,8 @@ WAITING_COUNT_CAP = 1000
 def waiting_facts_sql(ownerless: bool) -> str:
     """What waiting_reason reads. The older tasks are counted in index order, newest first, so the
     scan stops at the cap: unordered, PostgreSQL built a bitmap of the owner's whole pending queue
-    first (2x slower at 100 k pending than at 1 k)."""
+    first (2x slower at 100 k pending than at 1 k). The cap is a constant of the statement: as a
+    parameter, PostgreSQL re-planned it on every call at 100 k pending (0.61 vs 0.36 ms)."""
     same_owner = "owner IS NULL" if ownerless else "owner = :owner"
     return f"""SELECT CAST(:nb AS timestamptz) > {NOW} AS backoff,
         (SELECT count(*) FROM tasks WHERE status = 'running') AS running,
@@ -235,7 +236,7 @@ def waiting_facts_sql(ownerless: bool) -> str:
         (SELECT count(*) FROM (SELECT 1 FROM tasks WHERE status = 'pending' AND {same_owner}
            AND (created_at, id) < (CAST(:created AS timestamptz), CAST(:id AS uuid))
            ORDER BY created_at DESC, id DESC
-           LIMIT :cap + 1) older) AS ahead"""
+           LIMIT {WAITING_COUNT_CAP + 1}) older) AS ahead"""
 
 Row = Mapping[str, Any]
 Rows = list[Row]  # spelled once here: inside TaskRepository, `list` is the listing method
@@ -1381,7 +1382,6 @@ class TaskRepository:
                             created=row["created_at"],
                             id=row["id"],
                             owner=row["owner"],
-                            cap=WAITING_COUNT_CAP,
                         ),
                     )
                 )

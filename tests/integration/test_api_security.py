@@ -149,7 +149,7 @@ async def test_counting_older_tasks_stops_at_the_cap_however_long_the_queue(svc:
     """The count behind waiting_reason walks the owner's pending index newest first and stops at
     the cap; unordered, the planner built a bitmap of the whole queue first (2x slower at 100 k
     pending than at 1 k in `dtask bench scale`)."""
-    from tasks_core.repository import WAITING_COUNT_CAP, waiting_facts_sql
+    from tasks_core.repository import waiting_facts_sql
 
     async with svc.engine.begin() as conn:
         await conn.execute(text(
@@ -162,8 +162,7 @@ async def test_counting_older_tasks_stops_at_the_cap_however_long_the_queue(svc:
         newest = (await conn.execute(text(
             "SELECT created_at, id FROM tasks ORDER BY created_at DESC, id DESC LIMIT 1"
         ))).one()
-        params = {"nb": None, "now": None, "owner": "alice", "created": newest[0], "id": newest[1],
-                  "cap": WAITING_COUNT_CAP}
+        params = {"nb": None, "now": None, "owner": "alice", "created": newest[0], "id": newest[1]}
         plan = (await conn.execute(
             text("EXPLAIN (FORMAT JSON) " + waiting_facts_sql(False)), params
         )).scalar_one()
