@@ -8,7 +8,8 @@ repository methods run in this process, each op timed on its own (median and p99
 - ``insert`` (a submit's transaction), ``claim`` and ``finish`` (the terminal transaction with the
   diagnostics hook) of M fresh no-op tasks — these must stay flat as history grows;
 - ``publish``: ``TaskRepository.claim_for_publish`` of one publisher batch over the pending rows
-  (the stamps it writes are reset between calls, so every call sees the same table);
+  (the stamps it writes are reset between calls, so every call sees the same table; a VACUUM
+  afterwards clears the dead row versions that churn leaves);
 - ``summary``: the per-status counts of ``GET /tasks/summary``;
 - ``view``: what ``GET /tasks/{id}`` reads for the newest pending task (the row and its
   ``waiting_reason``, which must not count every older pending row).
@@ -196,6 +197,12 @@ async def _round(
         async with repo.engine.begin() as conn:
             await conn.execute(text("UPDATE tasks SET last_published_at = NULL WHERE id = ANY(:ids)"),
                                {"ids": got})
+    # Stamping and resetting the same rows fifty times leaves a hundred dead versions of each: clear
+    # them as autovacuum would, or the small table's later reads (the view) pay for them, not the
+    # size of the table (the view measured 0.59x, 2.65 vs 1.56 ms, for that reason alone).
+    async with repo.engine.connect() as conn:
+        auto = await conn.execution_options(isolation_level="AUTOCOMMIT")
+        await auto.execute(text("VACUUM tasks"))
     for _ in range(opts.summary_calls):
         ms, _ = await _timed(repo.summary)
         times["summary"].append(ms)
