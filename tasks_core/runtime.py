@@ -228,6 +228,9 @@ class Execution:
         # Resolved by stop(): what _wait_for_handler waits on beside the handler.
         self._stopped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._handler_task: asyncio.Task[Any] | None = None
+        # Started only when due (the first beat; a shutdown signal): most attempts end before either.
+        self._beat_task: asyncio.Task[None] | None = None
+        self._grace_timer: asyncio.TimerHandle | None = None
         # Set once the terminal write starts: the heartbeat then only keeps the lease alive, and a
         # refusal it sees is the terminal commit itself, not a lost lease.
         self._finishing = False
@@ -254,15 +257,8 @@ class Execution:
         settings = self.services.settings
         # The heartbeat task starts at the first beat, and the shutdown grace on the signal: most
         # attempts end before either (a task each per attempt cost 3-5 % of a no-op's CPU).
-        heartbeat: list[asyncio.Task[None]] = []
-        beat_timer = loop.call_later(
-            settings.heartbeat_seconds,
-            lambda: heartbeat.append(asyncio.create_task(self._heartbeat(), name="heartbeat")),
-        )
-        grace: list[asyncio.TimerHandle] = []
-        unwatch = self.shutdown.on_set(lambda: grace.append(
-            loop.call_later(settings.shutdown_grace_seconds, self.stop, "worker_shutdown")
-        ))
+        beat_timer = loop.call_later(settings.heartbeat_seconds, self._start_heartbeat)
+        unwatch = self.shutdown.on_set(self._start_grace)
         self._handler_task = asyncio.create_task(
             self._load_and_run(), name=f"{HANDLER_TASK_PREFIX}{self.spec.task_type}:{self.task_id}"
         )
@@ -275,11 +271,20 @@ class Execution:
             return await self._finalize(self._handler_task)
         finally:
             unwatch()
-            for handle in (timer, beat_timer, *grace):
-                handle.cancel()
-            for task in heartbeat:
-                task.cancel()
-            await asyncio.gather(*heartbeat, return_exceptions=True)
+            for handle in (timer, beat_timer, self._grace_timer):
+                if handle is not None:
+                    handle.cancel()
+            if self._beat_task is not None:
+                self._beat_task.cancel()
+                await asyncio.gather(self._beat_task, return_exceptions=True)
+
+    def _start_heartbeat(self) -> None:
+        self._beat_task = asyncio.create_task(self._heartbeat(), name="heartbeat")
+
+    def _start_grace(self) -> None:
+        grace = self.services.settings.shutdown_grace_seconds
+        # The attempt's own loop: the signal may be set from code not running in it.
+        self._grace_timer = self._stopped.get_loop().call_later(grace, self.stop, "worker_shutdown")
 
     async def _load_and_run(self) -> Any:
         registry = self.services.registry
