@@ -35,8 +35,6 @@ NOT_FOUND = {404: {"model": Message, "description": "No such task (or not yours)
 AUTH = {401: {"model": Message, "description": "Missing or invalid API key"}}
 
 
-
-
 def _intent(body: TaskIn) -> TaskIntent:
     return TaskIntent(
         body.task_type, body.payload, body.handler_version, body.dedupe_key, body.timeout_seconds

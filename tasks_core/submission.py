@@ -207,6 +207,11 @@ def validate(
     )
 
 
+def _quota_applies(settings: Settings, owner: str | None) -> bool:
+    """DTASK_OWNER_MAX_PENDING counts this owner's tasks (the Python API's ownerless ones are exempt)."""
+    return settings.owner_max_pending is not None and owner is not None
+
+
 class SubmitTransaction:
     """Intents added here commit with the caller's domain writes on ``conn``."""
 
@@ -222,7 +227,7 @@ class SubmitTransaction:
         services = self.submitter.services
         new = validate(intent, services.registry, services.settings, self.owner, admin=self.admin)
         limit = services.settings.owner_max_pending
-        if limit is not None and self.owner is not None:
+        if limit is not None and self.owner is not None:  # as _quota_applies, with both narrowed
             if self._pending is None:
                 # Locks the owner's quota until commit: concurrent submissions cannot overshoot it.
                 self._pending = await services.repo.owner_pending(self.conn, self.owner, limit)
@@ -248,7 +253,7 @@ class SubmitTransaction:
         """Validate each intent; insert the valid ones in one statement (in order). Each invalid one
         is reported in its place, and stores nothing."""
         services = self.submitter.services
-        if services.settings.owner_max_pending is not None and self.owner is not None:
+        if _quota_applies(services.settings, self.owner):
             outcomes: list[Submitted | InvalidTask] = []
             for intent in intents:  # the quota is counted entry by entry
                 try:
@@ -333,7 +338,7 @@ class Submitter:
         """Store one intent and publish it. Concurrent calls share a transaction (group commit),
         except with an Idempotency-Key or an owner quota, whose checks lock per request."""
         settings = self.services.settings
-        grouped = settings.submit_group_max > 1 and (settings.owner_max_pending is None or owner is None)
+        grouped = settings.submit_group_max > 1 and not _quota_applies(settings, owner)
         if idempotency is None and grouped:
             new = validate(intent, self.services.registry, settings, owner, admin=admin)
             return await self._group()(new)
