@@ -213,3 +213,18 @@ async def effect_rows(engine: AsyncEngine, task_id: uuid.UUID) -> list[dict[str,
 async def scalar(engine: AsyncEngine, sql: str, **params: Any) -> Any:
     async with engine.connect() as conn:
         return (await conn.execute(text(sql), params)).scalar()
+
+
+async def wait_until_blocked_on_a_lock(engine: AsyncEngine, patience: float = 5.0) -> None:
+    """Poll pg_stat_activity until some backend of this database waits on a heavyweight lock."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience
+    while loop.time() < deadline:
+        if await scalar(
+            engine,
+            """SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+               AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()""",
+        ):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("no session ever waited on a lock")

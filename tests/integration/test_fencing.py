@@ -22,6 +22,7 @@ from repo_helpers import (
     start_run_row,
     submit,
     task_row,
+    wait_until_blocked_on_a_lock,
 )
 
 from domains.diagnostics.model import diagnostics_effects, diagnostics_runs
@@ -222,21 +223,6 @@ async def _hold_run_row_lock(
         await release.wait()
 
 
-async def _wait_until_blocked_on_a_lock(engine: Any, patience: float = 5.0) -> None:
-    """Poll pg_stat_activity until some backend of this database waits on a heavyweight lock."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + patience
-    while loop.time() < deadline:
-        if await scalar(
-            engine,
-            """SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-               AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()""",
-        ):
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("the owning transaction never waited on the lock")
-
-
 async def _owner_writes_behind_lock(repo: TaskRepository, task_id: uuid.UUID, token: uuid.UUID) -> None:
     async with repo.owning_transaction(task_id, token) as (conn, _row):
         await conn.execute(diagnostics_effects.insert().values(task_id=task_id, attempt_token=token, step=1))
@@ -258,7 +244,7 @@ async def test_lock_wait_that_outlives_the_lease_rolls_the_owning_transaction_ba
     await locked.wait()
 
     owner = asyncio.create_task(_owner_writes_behind_lock(repo, task_id, got.token))
-    await _wait_until_blocked_on_a_lock(engine)
+    await wait_until_blocked_on_a_lock(engine)
     await sleep_past(engine, lease + timedelta(milliseconds=50))
     release.set()
     await holder
@@ -280,7 +266,7 @@ async def test_lock_wait_within_the_lease_commits(services: Any) -> None:
     holder = asyncio.create_task(_hold_run_row_lock(engine, task_id, locked, release))
     await locked.wait()
     owner = asyncio.create_task(_owner_writes_behind_lock(repo, task_id, got.token))
-    await _wait_until_blocked_on_a_lock(engine)
+    await wait_until_blocked_on_a_lock(engine)
     release.set()
     await holder
     await owner

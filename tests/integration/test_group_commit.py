@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any
 
 import pytest
-from repo_helpers import scalar
+from repo_helpers import scalar, wait_until_blocked_on_a_lock
 from sqlalchemy import text
 
 from tasks_core.repository import NewTask
@@ -71,7 +71,7 @@ async def test_a_submission_cancelled_while_it_waits_for_the_next_group_stores_n
             VALUES (gen_random_uuid(), 'diagnostics.noop', 1, '{}', 'pending', 'held', 60)"""
         ))
         ahead = asyncio.ensure_future(submitter.submit(TaskIntent("diagnostics.noop", dedupe_key="held")))
-        await _until(lambda: _waiting_on_a_lock(services))
+        await wait_until_blocked_on_a_lock(services.engine)
         queued = asyncio.ensure_future(submitter.submit(TaskIntent("diagnostics.noop", {"who": "queued"})))
         await asyncio.sleep(0.05)
         queued.cancel()
@@ -101,19 +101,3 @@ async def test_an_owner_quota_keeps_each_submission_in_a_transaction_of_its_own(
 async def _conn_rows(services: Any, sql: str) -> list[Any]:
     async with services.engine.connect() as conn:
         return list(await conn.execute(text(sql)))
-
-
-async def _waiting_on_a_lock(services: Any) -> bool:
-    return bool(await scalar(
-        services.engine,
-        """SELECT count(*) FROM pg_stat_activity
-        WHERE datname = current_database() AND wait_event_type = 'Lock'""",
-    ))
-
-
-async def _until(check: Any, within: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not await check():
-        assert loop.time() < deadline, "timed out"
-        await asyncio.sleep(0.02)
