@@ -170,17 +170,15 @@ async def task_row(engine: AsyncEngine, task_id: uuid.UUID) -> dict[str, Any]:
     return dict(row)
 
 
-async def attempt_rows(engine: AsyncEngine, task_id: uuid.UUID) -> list[dict[str, Any]]:
+async def attempt_rows(engine: AsyncEngine, task_id: uuid.UUID | None = None) -> list[dict[str, Any]]:
+    """One task's attempts in order, or (no ``task_id``) every attempt in the order they were claimed."""
+    sql = (
+        "SELECT * FROM task_attempts ORDER BY claimed_at, id"
+        if task_id is None
+        else "SELECT * FROM task_attempts WHERE task_id = :id ORDER BY attempt"
+    )
     async with engine.connect() as conn:
-        rows = (
-            (
-                await conn.execute(
-                    text("SELECT * FROM task_attempts WHERE task_id = :id ORDER BY attempt"), {"id": task_id}
-                )
-            )
-            .mappings()
-            .all()
-        )
+        rows = (await conn.execute(text(sql), {"id": task_id})).mappings().all()
     return [dict(r) for r in rows]
 
 

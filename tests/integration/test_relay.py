@@ -10,6 +10,7 @@ from typing import Any
 
 from tasks_core.relay import relay
 from tasks_core.submission import Submitter, TaskIntent
+from tests.integration.repo_helpers import attempt_rows
 
 
 async def test_relay_resends_only_tasks_whose_message_was_dropped(services: Any, redis_client: Any) -> None:
@@ -229,15 +230,6 @@ async def _run_messages(services: Any, redis_client: Any, queue: str = "durable"
     return messages
 
 
-async def _attempts(services: Any) -> list[Any]:
-    from sqlalchemy import text
-
-    async with services.engine.connect() as conn:
-        return list((await conn.execute(text(
-            "SELECT task_id, token, claimed_at, ended_at FROM task_attempts ORDER BY claimed_at"
-        ))).all())
-
-
 async def test_a_worker_runs_the_tasks_its_terminal_writes_pick_without_their_messages(
     services: Any, redis_client: Any
 ) -> None:
@@ -252,12 +244,12 @@ async def test_a_worker_runs_the_tasks_its_terminal_writes_pick_without_their_me
     summary = await services.repo.summary()
     assert summary["by_status"]["success"] == 40 and summary["total"] == 40  # nothing stranded
     assert messages == s.capacity  # the rest ran without a message of their own
-    attempts = await _attempts(services)
-    assert len(attempts) == 40 and len({a.task_id for a in attempts}) == 40
-    assert len({a.token for a in attempts}) == 40  # each claimed afresh
+    attempts = await attempt_rows(services.engine)
+    assert len(attempts) == 40 and len({a["task_id"] for a in attempts}) == 40
+    assert len({a["token"] for a in attempts}) == 40  # each claimed afresh
     # one after another: each attempt ended before the next one taken on began
     for earlier, later in itertools.pairwise(attempts):
-        assert earlier.ended_at <= later.claimed_at
+        assert earlier["ended_at"] <= later["claimed_at"]
 
 
 async def test_a_worker_takes_on_at_most_run_next_tasks_then_sends_the_next_pick(

@@ -20,6 +20,7 @@ import pytest
 from sqlalchemy import text
 
 from tasks_core.submission import Submitter, TaskIntent
+from tests.integration.repo_helpers import attempt_rows
 from tests.system.conftest import (
     LEASE_SECONDS,
     PUBLISH_SECONDS,
@@ -66,18 +67,7 @@ async def get(services: Any, task_id: uuid.UUID) -> dict[str, Any]:
 
 
 async def attempts(services: Any, task_id: uuid.UUID | None = None) -> list[dict[str, Any]]:
-    async with services.engine.connect() as conn:
-        rows = (
-            await conn.execute(
-                text(
-                    """SELECT * FROM task_attempts
-                    WHERE CAST(:id AS uuid) IS NULL OR task_id = CAST(:id AS uuid)
-                    ORDER BY claimed_at, id"""
-                ),
-                {"id": task_id},
-            )
-        ).mappings().all()
-    return [dict(r) for r in rows]
+    return await attempt_rows(services.engine, task_id)
 
 
 async def diagnostics_run(services: Any, task_id: uuid.UUID) -> dict[str, Any] | None:
