@@ -5,20 +5,18 @@ recover tasks."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from tasks_core import metrics
 from tasks_core.readiness import write_readiness
 from tasks_core.relay import relay
 from tasks_core.repository import ReconcileReport
+from tasks_core.retry import backoff
 from tasks_core.services import Services
 
 
 def retry_delay(services: Services) -> object:
-    s = services.settings
-
-    def delay(attempt: int) -> float:
-        return float(min(s.retry_backoff_max_seconds, s.retry_backoff_seconds * 2 ** max(0, attempt - 1)))
-
-    return delay
+    return partial(backoff, services.settings)
 
 
 async def reconcile(services: Services) -> ReconcileReport:

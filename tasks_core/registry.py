@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tasks_core.model import LEGACY_VERSION
+from tasks_core.retry import RetryableError
 
 if TYPE_CHECKING:
     from tasks_core.context import TaskContext
@@ -51,6 +52,10 @@ class TaskSpec:
     # (with backoff) after a lost lease or a worker shutdown, up to max_attempts in all.
     retry_safe: bool = False
     max_attempts: int = 1
+    # Exceptions that mean "try again later" for this type (a store outage, a rate limit): raised
+    # by the handler, they send a retry-safe task back to pending with backoff instead of failing
+    # it, like tasks_core.retry.RetryableError does for every retry-safe type.
+    retry_on: tuple[type[BaseException], ...] = ()
     # Optional per-type cap on running tasks, under the global capacity.
     concurrency: int | None = None
     # The payload's pydantic model: submissions are checked against it (422 with the field errors,
@@ -72,6 +77,12 @@ class TaskSpec:
             raise ValueError(f"{self.task_type}: timeout must be positive and finite")
         if self.max_attempts < 1 or (self.max_attempts > 1 and not self.retry_safe):
             raise ValueError(f"{self.task_type}: only retry-safe handlers get more than one attempt")
+        if self.retry_on and not self.retry_safe:
+            raise ValueError(f"{self.task_type}: only retry-safe handlers may declare retry_on")
+
+    def retries(self, exc: BaseException) -> bool:
+        """Whether ``exc`` raised by this type's handler is transient: worth another attempt."""
+        return self.retry_safe and isinstance(exc, (RetryableError, *self.retry_on))
 
 
 def import_path(path: str) -> Any:

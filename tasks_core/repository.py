@@ -955,11 +955,24 @@ class TaskRepository:
             ).first()
         return None if row is None else str(row[0])
 
-    async def release(self, task_id: uuid.UUID, token: uuid.UUID, *, outcome: str, delay: float) -> bool:
-        """Hand a retry-safe task back to pending (worker shutdown); False if no longer owned."""
+    async def release(
+        self,
+        task_id: uuid.UUID,
+        token: uuid.UUID,
+        *,
+        outcome: str,
+        delay: float,
+        detail: str | None = None,
+        message: str | None = None,
+    ) -> bool:
+        """Hand a retry-safe task back to pending (worker shutdown, a transient failure), to be
+        claimed again after ``delay`` seconds; False if no longer owned. ``detail`` goes to the
+        attempt record, ``message`` (why it waits) to the task."""
         try:
             async with self.owning_transaction(task_id, token) as (conn, row):
-                await self._to_pending(conn, row, outcome=outcome, delay=delay)
+                await self._to_pending(
+                    conn, row, outcome=outcome, delay=delay, detail=detail, message=message
+                )
         except OwnershipLost:
             return False
         return True
@@ -1008,16 +1021,26 @@ class TaskRepository:
             self._p(tok=row["attempt_token"], lease=row["lease_expires_at"], outcome=outcome, detail=detail),
         )
 
-    async def _to_pending(self, conn: AsyncConnection, row: Row, *, outcome: str, delay: float) -> None:
-        await self._end_attempt(conn, row, outcome)
+    async def _to_pending(
+        self,
+        conn: AsyncConnection,
+        row: Row,
+        *,
+        outcome: str,
+        delay: float,
+        detail: str | None = None,
+        message: str | None = None,
+    ) -> None:
+        await self._end_attempt(conn, row, outcome, detail)
         await conn.execute(FREE_SLOT_SQL, {"id": row["id"]})
         await conn.execute(
             text(
                 f"""UPDATE tasks SET status = 'pending', attempt_token = NULL, lease_expires_at = NULL,
-                       not_before = {NOW} + make_interval(secs => :delay), last_published_at = NULL
+                       not_before = {NOW} + make_interval(secs => :delay), last_published_at = NULL,
+                       message = coalesce(CAST(:message AS text), message)
                 WHERE id = :id"""
             ),
-            self._p(id=row["id"], delay=delay),
+            self._p(id=row["id"], delay=delay, message=message),
         )
 
     async def _run_hook(self, conn: AsyncConnection, hooks: HookSource, row: Row, status: Status) -> None:

@@ -24,6 +24,7 @@ from tasks_core.model import Status
 from tasks_core.registry import TaskSpec
 from tasks_core.relay import publish_due, relay, relay_options
 from tasks_core.repository import Claim, HookFailed, OwnershipLost
+from tasks_core.retry import RetryableError, backoff
 from tasks_core.services import Services
 
 log = logging.getLogger(__name__)
@@ -379,29 +380,61 @@ class Execution:
         if reason == "worker_shutdown":
             return await self._shutdown_outcome()
         assert exc is not None
+        if self.spec.retries(exc):
+            return await self._retry_outcome(exc)
         log.warning("task %s handler raised", self.task_id, exc_info=exc)
         code = "database_unavailable" if isinstance(exc, DatabaseUnavailable) else "handler_error"
         return await self._finish(Status.FAILED, error=_err(code, _short(exc)), detail=_detail(exc))
+
+    async def _retry_outcome(self, exc: BaseException) -> str:
+        """A transient failure: back to pending after a backoff (its slot freed meanwhile), or,
+        with no attempt left, failed under the error's own code."""
+        attempt, most = self.claim.attempt, self.spec.max_attempts
+        code = exc.code if isinstance(exc, RetryableError) else "retryable"
+        if attempt >= most:
+            log.warning("task %s: attempt %d of %d failed; no attempt left", self.task_id, attempt, most)
+            message = f"{_short(exc)} (attempt {attempt} of {most}; no attempt left)"
+            return await self._finish(Status.FAILED, error=_err(code, message), detail=_detail(exc))
+        settings = self.services.settings
+        explicit = exc.delay if isinstance(exc, RetryableError) else None
+        if explicit is None:
+            delay = backoff(settings, attempt)
+        else:
+            delay = min(explicit, settings.retry_backoff_max_seconds)
+        log.info(
+            "task %s: attempt %d of %d failed (%s); retrying in %.1f s",
+            self.task_id, attempt, most, _short(exc), delay,
+        )  # fmt: skip
+        why = f"attempt {attempt} of {most} failed ({code}: {_short(exc)}); retrying in {delay:.0f} s"
+        return await self._hand_back("retry", delay, detail=_detail(exc), message=why[:2000])
 
     async def _shutdown_outcome(self) -> str:
         # A hand-back that races a cancel request leaves a pending row with cancel intent; the
         # reconciler ends it `cancelled` (with its hook) on its next run.
         if self.spec.retry_safe and self.claim.attempt < self.spec.max_attempts:
-            try:
-                released = await retry_transient(
-                    lambda: self.repo.release(self.task_id, self.token, outcome="worker_shutdown", delay=0),
-                    lambda: self.lease.deadline,
-                    f"hand-back of {self.task_id}",
-                )
-            except DatabaseUnavailable:
-                return self._lost()
-            if released:
-                return Status.PENDING.value
-            metrics.FENCED_WRITES_REJECTED.labels(write="release").inc()
-            return "lost"
+            return await self._hand_back("worker_shutdown", 0)
         return await self._finish(
             Status.FAILED, error=_err("worker_shutdown", "the worker stopped before the task finished")
         )
+
+    async def _hand_back(
+        self, outcome: str, delay: float, *, detail: str | None = None, message: str | None = None
+    ) -> str:
+        """Back to pending, claimable again after ``delay`` seconds; "lost" if no longer ours."""
+        try:
+            released = await retry_transient(
+                lambda: self.repo.release(
+                    self.task_id, self.token, outcome=outcome, delay=delay, detail=detail, message=message
+                ),
+                lambda: self.lease.deadline,
+                f"hand-back of {self.task_id}",
+            )
+        except DatabaseUnavailable:
+            return self._lost()
+        if released:
+            return Status.PENDING.value
+        metrics.FENCED_WRITES_REJECTED.labels(write="release").inc()
+        return "lost"
 
     async def _finish(
         self,

@@ -70,3 +70,10 @@ TEST_SPECS = (
     TaskSpec("test.broken_success_hook", "domains.diagnostics.handlers:noop",
              on_success="tests.handlers_for_tests:broken_hook"),
 )
+
+
+async def rate_limited(ctx: TaskContext) -> Any:
+    """A transient failure that says how long to wait (as a 429's Retry-After would)."""
+    from tasks_core.retry import RetryableError
+
+    raise RetryableError("429 Too Many Requests", code="rate_limited", delay=float(ctx.payload["delay"]))

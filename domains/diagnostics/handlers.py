@@ -1,4 +1,4 @@
-"""diagnostics.noop / sleep / fail: operators' smoke tests and the runtime's test subjects."""
+"""diagnostics.noop / sleep / fail / flaky: operators' smoke tests and the runtime's test subjects."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from domains.diagnostics.model import diagnostics_effects, diagnostics_runs
-from domains.diagnostics.payloads import FailPayload, SleepPayload
+from domains.diagnostics.payloads import FailPayload, FlakyPayload, SleepPayload
 from tasks_core.context import TaskContext
+from tasks_core.retry import RetryableError
 
 
 async def noop(ctx: TaskContext) -> Any:
@@ -66,3 +67,11 @@ async def _write_effect(ctx: TaskContext, step: int, conn: AsyncConnection) -> N
 
 async def fail(ctx: TaskContext) -> Any:
     raise RuntimeError(FailPayload.model_validate(ctx.payload).message)
+
+
+async def flaky(ctx: TaskContext) -> Any:
+    """A transient failure on each of the first ``fail_times`` attempts, then success."""
+    fail_times = FlakyPayload.model_validate(ctx.payload).fail_times
+    if ctx.attempt <= fail_times:
+        raise RetryableError(f"attempt {ctx.attempt} fails on purpose", code="flaky")
+    return {"attempt": ctx.attempt}

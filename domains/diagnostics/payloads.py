@@ -24,3 +24,9 @@ class FailPayload(BaseModel):
     model_config = _STRICT
 
     message: Annotated[str, Field(max_length=1000)] = "diagnostics.fail raised on purpose"
+
+
+class FlakyPayload(BaseModel):
+    model_config = _STRICT
+
+    fail_times: Annotated[int, Field(ge=0, le=100, description="attempts that fail before one succeeds")] = 1

@@ -3,7 +3,7 @@ payload models (light: the API checks submissions against them)."""
 
 from typing import Any
 
-from domains.diagnostics.payloads import FailPayload, SleepPayload
+from domains.diagnostics.payloads import FailPayload, FlakyPayload, SleepPayload
 from tasks_core.registry import TaskSpec
 
 _COMMON: dict[str, Any] = {
@@ -34,5 +34,15 @@ SPECS = (
         retry_safe=True,
         max_attempts=3,
         **_SLEEP,
+    ),
+    # Raises RetryableError on its first `fail_times` attempts: the retry path, end to end.
+    TaskSpec(
+        "diagnostics.flaky",
+        "domains.diagnostics.handlers:flaky",
+        timeout_seconds=60,
+        retry_safe=True,
+        max_attempts=5,
+        payload=FlakyPayload,
+        **_COMMON,
     ),
 )

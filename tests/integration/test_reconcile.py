@@ -160,7 +160,8 @@ async def test_retry_safe_task_goes_back_to_pending_with_backoff_until_attempts_
     row = await task_row(engine, task_id)
     backoff = timedelta(seconds=services.settings.retry_backoff_seconds)
     assert row["status"] == "pending" and row["attempt_token"] is None and row["lease_expires_at"] is None
-    assert row["not_before"] == t1 + backoff and row["not_before"] > t1
+    # The first backoff, with equal jitter: between half of it and all of it.
+    assert t1 + backoff / 2 <= row["not_before"] <= t1 + backoff
     assert row["finished_at"] is None and row["error"] is None
     assert (await attempt_rows(engine, task_id))[0]["outcome"] == "lease_expired"
     assert (await run_row(engine, task_id))["status"] == "running"  # not converged: it will run again
@@ -169,7 +170,7 @@ async def test_retry_safe_task_goes_back_to_pending_with_backoff_until_attempts_
         dup = await services.repo.insert(conn, NewTask("test.retry_safe", 1, {}, 60.0, "retry-me"))
     assert dup.duplicate_of == task_id
 
-    assert await at(engine, t1 + backoff / 2).claim(task_id, reg, capacity=4, lease_seconds=30) == "backoff"
+    assert await at(engine, t1 + backoff / 4).claim(task_id, reg, capacity=4, lease_seconds=30) == "backoff"
     t2 = t1 + backoff + timedelta(seconds=1)
     second = await claim(at(engine, t2), reg, task_id, worker="worker-b")
     assert second.attempt == 2
