@@ -42,6 +42,12 @@ class Settings(BaseSettings):
     # naming an Embedder (or a factory returning one). A base records the embedder it was built
     # with; indexing refuses to mix vector spaces.
     embedder: str = "hashing"
+    # Deadline of each Milvus and S3 call, in the api and in workers. A stalled or unreachable store
+    # then fails a call within this long as "unavailable": the api answers 503, and an ingest goes
+    # back to pending with backoff (its slot freed) until the store answers again. Longer rides out
+    # slower stores; shorter frees slots and answers callers sooner. Never more than two thirds of
+    # the lease (store_deadline), so a call an attempt starts ends while that attempt can own it.
+    store_timeout_seconds: float = Field(default=10.0, gt=0, allow_inf_nan=False)
     # Largest uploaded file (413 naming the file).
     max_upload_bytes: int = Field(default=16 * 1024 * 1024, ge=1)
     # Files per upload request: the batch limit of one submission transaction.
@@ -196,6 +202,10 @@ class Settings(BaseSettings):
     @property
     def heartbeat_seconds(self) -> float:
         return self.lease_seconds / 3
+
+    @property
+    def store_deadline(self) -> float:
+        return min(self.store_timeout_seconds, self.lease_seconds * 2 / 3)
 
     @property
     def ahead(self) -> int:

@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse
 
 from app.auth import Principal
 from app.dependencies import Caller, Svc
-from domains.knowledge import catalog, vectors
+from domains.knowledge import catalog
 from domains.knowledge.errors import CollectionMissing, StoreError, StoresNotConfigured
 from domains.knowledge.parsing import CONTENT_TYPES, file_type_of
 from domains.knowledge.schemas import (
@@ -205,8 +205,7 @@ async def delete_base(base_id: BaseId, caller: Caller, svc: Svc, stores: Stores)
     async with svc.engine.connect() as conn:
         await _cancel(svc, await catalog.active_tasks_of_base(conn, base_id))
     # Outside stores first: if one is down the base stays (503) and a retry finishes the job.
-    await vectors.drop_collection(await stores.milvus(), vectors.collection_name(base_id))
-    stores.indexes.forget(base_id)
+    await stores.drop(base_id)
     await (await stores.objects()).delete_prefix(f"{base_id}/")
     async with svc.engine.begin() as conn:
         await catalog.delete_base(conn, base_id)

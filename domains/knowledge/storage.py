@@ -6,13 +6,13 @@ Every call blocks, so each runs in a thread. Deleting what is already gone succe
 
 from __future__ import annotations
 
-import asyncio
 import io
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import urllib3
 
+from domains.knowledge.calls import blocking
 from domains.knowledge.errors import ObjectMissing, StoreUnavailable
 
 T = TypeVar("T")
@@ -20,18 +20,35 @@ SERVICE = "the S3 object store"
 _GONE = ("NoSuchKey", "NoSuchBucket", "NoSuchObject")
 
 
-def make_client(endpoint: str, access_key: str, secret_key: str, secure: bool) -> Any:
+def make_client(endpoint: str, access_key: str, secret_key: str, secure: bool, deadline: float) -> Any:
     """A ``minio.Minio`` (imported here, in the caller's thread, not at module import)."""
     from minio import Minio
 
-    # Short connect timeout and few retries: an unreachable store must turn into a prompt 503,
-    # not a request hanging through urllib3's default back-off.
+    # Every request fails within about ``deadline``: a short connect, a read timeout, and a retry
+    # only for a connection that failed before the request was sent (so a stalled server cannot
+    # hold a caller through urllib3's retries, and nothing is sent twice). Whole operations are
+    # retried by their callers: the api answers 503, an ingest goes back to pending.
+    connect = min(2.0, deadline / 4)
     http = urllib3.PoolManager(
-        timeout=urllib3.Timeout(connect=3, read=60),
+        timeout=urllib3.Timeout(connect=connect, read=max(0.1, deadline - 2 * connect)),
         maxsize=16,
-        retries=urllib3.Retry(total=2, connect=1, backoff_factor=0.2, status_forcelist=(500, 502, 503, 504)),
+        retries=urllib3.Retry(total=1, connect=1, read=0, status=0, other=0, backoff_factor=0),
     )
     return Minio(endpoint, access_key=access_key, secret_key=secret_key, secure=secure, http_client=http)
+
+
+def _reason(exc: BaseException) -> str:
+    """urllib3 wraps the cause (a read timeout, a refused connection) in MaxRetryError."""
+    cause = getattr(exc, "reason", None)
+    return str(cause) if cause is not None else str(exc)
+
+
+def _server_failed(exc: BaseException) -> bool:
+    from minio.error import S3Error, ServerError
+
+    if isinstance(exc, ServerError):
+        return True
+    return isinstance(exc, S3Error) and exc.code in ("InternalError", "ServiceUnavailable", "SlowDown")
 
 
 def _code(exc: BaseException) -> str | None:
@@ -46,16 +63,22 @@ def object_key(base_id: str, file_id: str) -> str:
 
 
 class ObjectStore:
-    def __init__(self, client: Any, bucket: str) -> None:
+    def __init__(self, client: Any, bucket: str, deadline: float) -> None:
         self.client = client
         self.bucket = bucket
+        self.deadline = deadline
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         try:
-            return await asyncio.to_thread(fn, *args, **kwargs)
+            return await blocking(SERVICE, self.deadline, fn, *args, **kwargs)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise StoreUnavailable(SERVICE, f"{type(exc).__name__}: {exc}") from exc
-        # An S3Error (the server answered) propagates: the caller decides what its code means.
+            raise StoreUnavailable(SERVICE, f"{type(exc).__name__}: {_reason(exc)}") from exc
+        except Exception as exc:
+            # The server answered, but with a failure of its own (a 5xx): unavailable too. Any
+            # other S3Error propagates: the caller decides what its code means.
+            if _server_failed(exc):
+                raise StoreUnavailable(SERVICE, str(exc)) from exc
+            raise
 
     async def ensure_bucket(self) -> None:
         if not await self._call(self.client.bucket_exists, self.bucket):

@@ -8,6 +8,7 @@ ensured) is built once per process however many tasks ask for it at the same mom
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import re
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ class StoreConfig:
     minio_secure: bool
     bucket: str
     embedder: str
+    # Seconds each store call may take (Settings.store_deadline).
+    deadline: float
 
     @classmethod
     def from_settings(cls, s: Settings) -> StoreConfig:
@@ -44,6 +47,7 @@ class StoreConfig:
             s.minio_secure,
             s.minio_bucket,
             s.embedder,
+            s.store_deadline,
         )
 
     def missing(self) -> list[str]:
@@ -70,7 +74,9 @@ class KnowledgeStores:
         uri = self.config.milvus_uri or ""
 
         async def build() -> Any:
-            return await vectors.call(vectors.connect, uri)
+            # pymilvus' first import (about a second) is no store call: it gets no deadline.
+            await asyncio.to_thread(importlib.import_module, "pymilvus")
+            return await vectors.call(self.config.deadline, vectors.connect, uri)
 
         return await self._clients.get("milvus", build)
 
@@ -86,8 +92,9 @@ class KnowledgeStores:
                 c.minio_access_key or "",
                 c.minio_secret_key or "",
                 c.minio_secure,
+                c.deadline,
             )
-            store = storage.ObjectStore(client, c.bucket)
+            store = storage.ObjectStore(client, c.bucket, c.deadline)
             await store.ensure_bucket()
             return store
 
@@ -104,10 +111,17 @@ class KnowledgeStores:
         name = vectors.collection_name(base_id)
 
         async def build() -> vectors.BaseIndex:
-            await vectors.ensure_collection(client, name, dimension)
-            return vectors.BaseIndex(client, name)
+            await vectors.ensure_collection(client, name, dimension, self.config.deadline)
+            return vectors.BaseIndex(client, name, self.config.deadline)
 
         return await self.indexes.get(base_id, build)
+
+
+    async def drop(self, base_id: str) -> bool:
+        """Drop the base's collection (False if it was gone already) and forget its handle."""
+        client = await self.milvus()
+        self.indexes.forget(base_id)
+        return await vectors.drop_collection(client, vectors.collection_name(base_id), self.config.deadline)
 
 
 _registry: dict[StoreConfig, KnowledgeStores] = {}
@@ -132,7 +146,7 @@ async def milvus_fact(stores: KnowledgeStores) -> tuple[bool, str | None]:
     if not stores.config.milvus_uri:
         return True, f"not configured ({MILVUS} unset): knowledge routes answer 503"
     client = await stores.milvus()
-    await vectors.call(client.list_collections, timeout=1.0)
+    await vectors.call(min(1.0, stores.config.deadline), client.list_collections)
     return True, None
 
 

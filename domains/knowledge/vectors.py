@@ -3,7 +3,8 @@
 Replacing a file's vectors deletes them by ``file_id`` and then upserts by chunk id (the chunk
 id is ``<file_id>-<seq>``, the same in every attempt): whatever a crashed or overtaken attempt
 left behind is deleted or overwritten, never duplicated. Every call blocks (gRPC), so each runs
-in a thread; a slow Milvus never stalls the event loop and with it the lease heartbeat.
+in Milvus' own threads (``calls``) with a deadline: a slow or stalled Milvus never stalls the event
+loop, the lease heartbeat or the other stores, and surfaces as ``StoreUnavailable``.
 
 ``pymilvus`` (with pandas and numpy) takes most of a second to import, so it is imported in those
 threads on first use, never on the event loop of a task whose lease is already running.
@@ -11,17 +12,15 @@ threads on first use, never on the event loop of a task whose lease is already r
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from domains.knowledge.calls import blocking
 from domains.knowledge.errors import CollectionMissing, StoreUnavailable
 
 T = TypeVar("T")
 SERVICE = "Milvus"
-# Seconds per call: bounded so a hung server surfaces as an error, generous for big batches.
-CALL_TIMEOUT = 30.0
 UPSERT_BATCH = 64
 # Search and counts read their own writes: an indexed file is searchable at once.
 CONSISTENCY = "Strong"
@@ -38,23 +37,43 @@ def collection_name(base_id: str) -> str:
 GRPC_OPTIONS = {"grpc.keepalive_time_ms": 310_000, "grpc.keepalive_permit_without_calls": 0}
 
 
-def connect(uri: str, timeout: float = 3.0) -> Any:
+def connect(uri: str, timeout: float) -> Any:
     """A MilvusClient for one server (blocking: imports pymilvus, and the constructor connects)."""
     from pymilvus import MilvusClient
 
     return MilvusClient(uri=uri, timeout=timeout, grpc_options=GRPC_OPTIONS)
 
 
-async def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run one blocking pymilvus call in a thread, with its failures named for the caller."""
-    try:
-        return await asyncio.to_thread(fn, *args, **kwargs)
-    except Exception as exc:
-        from pymilvus.exceptions import MilvusException, ParamError  # loaded by the failing call
+def _transient(exc: BaseException) -> bool:
+    """A failure of the server or the way to it, not of our request: worth waiting out."""
+    import grpc  # loaded with pymilvus
+    from pymilvus.exceptions import MilvusException, ParamError
 
-        if isinstance(exc, ParamError) or not isinstance(exc, MilvusException):
-            raise  # our bug, not the server's state
-        message = str(exc.message)
+    if isinstance(exc, ParamError):
+        return False  # our bug, not the server's state
+    # A deadline or an unreachable server surfaces as a raw gRPC error or as pymilvus' own.
+    return isinstance(exc, MilvusException | grpc.RpcError | ConnectionError | TimeoutError)
+
+
+def _message(exc: BaseException) -> str:
+    import grpc
+
+    if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
+        return f"{exc.code().name}: {exc.details() if hasattr(exc, 'details') else ''}"
+    return str(getattr(exc, "message", exc))
+
+
+async def call(deadline: float, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run one blocking pymilvus call (given ``timeout=deadline``) with its failures named for the
+    caller: CollectionMissing, StoreUnavailable, or the exception itself for our own mistakes."""
+    try:
+        return await blocking(SERVICE, deadline, fn, *args, timeout=deadline, **kwargs)
+    except StoreUnavailable:
+        raise
+    except Exception as exc:
+        if not _transient(exc):
+            raise
+        message = _message(exc)
         lowered = message.lower()
         # Gone, or not loaded (a restarted server leaves collections released): either way the
         # caller drops its cached handle and the rebuild creates or loads the collection.
@@ -63,7 +82,7 @@ async def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise StoreUnavailable(SERVICE, message) from exc
 
 
-def _create(client: Any, name: str, dimension: int) -> None:
+def _create(client: Any, name: str, dimension: int, timeout: float) -> None:
     from pymilvus import DataType
 
     schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
@@ -73,27 +92,27 @@ def _create(client: Any, name: str, dimension: int) -> None:
     index = client.prepare_index_params()
     # Vectors are unit length, so inner product is cosine similarity.
     index.add_index(field_name="vector", index_type="AUTOINDEX", metric_type="IP")
-    client.create_collection(name, schema=schema, index_params=index, timeout=CALL_TIMEOUT)
+    client.create_collection(name, schema=schema, index_params=index, timeout=timeout)
 
 
-async def ensure_collection(client: Any, name: str, dimension: int) -> None:
+async def ensure_collection(client: Any, name: str, dimension: int, deadline: float) -> None:
     """Create the collection unless it exists, and make sure it is loaded (searchable); concurrent
     creators are harmless."""
-    if await call(client.has_collection, name, timeout=CALL_TIMEOUT):
-        await call(client.load_collection, name, timeout=CALL_TIMEOUT)  # a no-op when loaded
+    if await call(deadline, client.has_collection, name):
+        await call(deadline, client.load_collection, name)  # a no-op when loaded
         return
     try:
-        await call(_create, client, name, dimension)
+        await call(deadline, _create, client, name, dimension)
     except StoreUnavailable:
-        if not await call(client.has_collection, name, timeout=CALL_TIMEOUT):
+        if not await call(deadline, client.has_collection, name):
             raise  # not a lost race with another creator
 
 
-async def drop_collection(client: Any, name: str) -> bool:
+async def drop_collection(client: Any, name: str, deadline: float) -> bool:
     """Drop the collection if it exists; False when it was already gone."""
-    if not await call(client.has_collection, name, timeout=CALL_TIMEOUT):
+    if not await call(deadline, client.has_collection, name):
         return False
-    await call(client.drop_collection, name, timeout=CALL_TIMEOUT)
+    await call(deadline, client.drop_collection, name)
     return True
 
 
@@ -107,12 +126,13 @@ class Hit:
 class BaseIndex:
     """One base's collection (known to exist when the cache built this handle)."""
 
-    def __init__(self, client: Any, name: str) -> None:
+    def __init__(self, client: Any, name: str, deadline: float) -> None:
         self.client = client  # a MilvusClient; tests may wrap it
         self.name = name
+        self.deadline = deadline
 
     async def delete_file(self, file_id: str) -> None:
-        await call(self.client.delete, self.name, filter=f'file_id == "{file_id}"', timeout=CALL_TIMEOUT)
+        await call(self.deadline, self.client.delete, self.name, filter=f'file_id == "{file_id}"')
 
     async def upsert(
         self, file_id: str, chunk_ids: Sequence[str], vectors: Sequence[Sequence[float]]
@@ -122,12 +142,11 @@ class BaseIndex:
             for c, v in zip(chunk_ids, vectors, strict=True)
         ]
         for start in range(0, len(rows), UPSERT_BATCH):
-            await call(
-                self.client.upsert, self.name, rows[start : start + UPSERT_BATCH], timeout=CALL_TIMEOUT
-            )
+            await call(self.deadline, self.client.upsert, self.name, rows[start : start + UPSERT_BATCH])
 
     async def search(self, vector: Sequence[float], limit: int) -> list[Hit]:
         result = await call(
+            self.deadline,
             self.client.search,
             self.name,
             data=[list(vector)],
@@ -136,7 +155,6 @@ class BaseIndex:
             output_fields=["file_id"],
             search_params={"metric_type": "IP"},
             consistency_level=CONSISTENCY,
-            timeout=CALL_TIMEOUT,
         )
         return [
             Hit(h["chunk_id"] if "chunk_id" in h else h["id"], h["entity"]["file_id"], float(h["distance"]))
@@ -145,11 +163,11 @@ class BaseIndex:
 
     async def count(self, file_id: str | None = None) -> int:
         rows = await call(
+            self.deadline,
             self.client.query,
             self.name,
             filter=f'file_id == "{file_id}"' if file_id else "",
             output_fields=["count(*)"],
             consistency_level=CONSISTENCY,
-            timeout=CALL_TIMEOUT,
         )
         return int(rows[0]["count(*)"])

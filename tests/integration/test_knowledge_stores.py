@@ -73,7 +73,7 @@ async def test_a_milvus_call_blocking_2s_does_not_delay_the_heartbeat(
     stores = stores_for(Settings())
     base_id = new_id()
     real = await stores.index(base_id, stores.embedder.dimension)
-    slow = BaseIndex(SlowClient(real.client), real.name)
+    slow = BaseIndex(SlowClient(real.client), real.name, real.deadline)
 
     lags, elapsed = await _heartbeat_lags(services, lambda: slow.count())  # the production to_thread path
     assert elapsed >= BLOCK_SECONDS
