@@ -179,3 +179,17 @@ def knowledge_stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[
                 os.environ[key] = value
         milvus.stop()
         s3.stop()
+
+
+@pytest.fixture(scope="session")
+def faulty_stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Milvus and an S3 of their own for the tests that pause, kill and restart them (the shared
+    ``knowledge_stores`` are never touched); started once, on first use."""
+    from tests.store_faults import FaultyStores
+
+    stores = FaultyStores(tmp_path_factory.mktemp("faulty-stores"))
+    try:
+        stores.start()
+        yield stores
+    finally:
+        stores.stop()

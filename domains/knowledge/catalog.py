@@ -229,11 +229,13 @@ async def reindexable(conn: AsyncConnection, base_id: str) -> list[str]:
 # ------------------------------------------------------------------------------------------------ by a task
 
 
-async def owned_uploads(conn: AsyncConnection, task_id: uuid.UUID) -> list[str]:
+async def owned_in_progress(conn: AsyncConnection, task_id: uuid.UUID) -> list[str]:
+    """The files this task still has to finish: uploaded ones, and any an earlier attempt of it left
+    in progress."""
     rows = (
         await conn.execute(
             text(
-                f"""SELECT file_id FROM knowledge_files WHERE task_id = :task AND status = '{UPLOADED}'
+                f"""SELECT file_id FROM knowledge_files WHERE task_id = :task AND status IN {_IN_PROGRESS}
         ORDER BY created_at, file_id"""
             ),
             {"task": task_id},
@@ -243,7 +245,9 @@ async def owned_uploads(conn: AsyncConnection, task_id: uuid.UUID) -> list[str]:
 
 
 async def start(conn: AsyncConnection, file_id: str, task_id: uuid.UUID, token: uuid.UUID) -> Row | None:
-    """``uploaded`` -> ``parsing`` under this attempt; None unless the task owns the file."""
+    """-> ``parsing`` under this attempt; None unless the task owns the file. A file an earlier
+    attempt of the same task left in progress starts over (the claim made this attempt the task's
+    only owner, and every later move of the old one names its token, so it writes nothing)."""
     row = (
         (
             await conn.execute(
@@ -252,7 +256,7 @@ async def start(conn: AsyncConnection, file_id: str, task_id: uuid.UUID, token: 
                 SET status = 'parsing', attempt_token = :tok, error_message = NULL,
                updated_at = {NOW}
         FROM knowledge_bases b
-        WHERE f.file_id = :id AND f.task_id = :task AND f.status = '{UPLOADED}' AND b.id = f.kb_id
+        WHERE f.file_id = :id AND f.task_id = :task AND f.status IN {_IN_PROGRESS} AND b.id = f.kb_id
         RETURNING f.*, b.embedder, b.dimension"""
                 ),
                 {"id": file_id, "task": task_id, "tok": token},
@@ -262,6 +266,20 @@ async def start(conn: AsyncConnection, file_id: str, task_id: uuid.UUID, token: 
         .first()
     )
     return None if row is None else dict(row)
+
+
+async def note(
+    conn: AsyncConnection, file_id: str, task_id: uuid.UUID, token: uuid.UUID, message: str
+) -> bool:
+    """Say on a file in progress why it waits (its state stays); False if the attempt lost it."""
+    result = await conn.execute(
+        text(
+            f"""UPDATE knowledge_files SET error_message = :msg, updated_at = {NOW}
+        WHERE file_id = :id AND task_id = :task AND attempt_token = :tok AND status IN {_BOUND}"""
+        ),
+        {"id": file_id, "task": task_id, "tok": token, "msg": message[:2000]},
+    )
+    return bool(result.rowcount)
 
 
 async def advance(
@@ -320,6 +338,33 @@ async def replace_chunks(
                 for i, (c, t) in enumerate(zip(chunk_ids, texts, strict=True))
             ],
         )
+
+
+async def task_outcome(
+    conn: AsyncConnection, task_id: uuid.UUID, max_errors: int
+) -> tuple[dict[str, int], dict[str, str]]:
+    """The task's files counted by status, and up to ``max_errors`` of those in an error state with
+    their messages."""
+    counts = {
+        status: int(n)
+        for status, n in (
+            await conn.execute(
+                text("SELECT status, count(*) FROM knowledge_files WHERE task_id = :task GROUP BY status"),
+                {"task": task_id},
+            )
+        ).all()
+    }
+    errors = (
+        await conn.execute(
+            text(
+                f"""SELECT file_id, error_message FROM knowledge_files
+        WHERE task_id = :task AND status IN ('{ERROR_PARSING}', '{ERROR_INDEXING}')
+        ORDER BY created_at, file_id LIMIT :n"""
+            ),
+            {"task": task_id, "n": max_errors},
+        )
+    ).all()
+    return counts, {file_id: message or "" for file_id, message in errors}
 
 
 async def converge(conn: AsyncConnection, task_id: uuid.UUID, reason: str) -> int:

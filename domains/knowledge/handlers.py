@@ -11,23 +11,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from domains.knowledge import catalog
 from domains.knowledge.chunking import chunk_text
-from domains.knowledge.errors import CollectionMissing, ObjectMissing
+from domains.knowledge.errors import CollectionMissing, ObjectMissing, StoreError, StoreUnavailable
 from domains.knowledge.model import ERROR_INDEXING, ERROR_PARSING, INDEXED, INDEXING, PARSED, PARSING
 from domains.knowledge.parsing import ParseError, extract_text
 from domains.knowledge.storage import object_key
 from domains.knowledge.stores import KnowledgeStores, stores_for
 from domains.knowledge.vectors import BaseIndex
 from tasks_core.context import TaskContext
+from tasks_core.retry import RetryableError
 from tasks_core.settings import Settings
 
 log = logging.getLogger(__name__)
 # Chunks embedded (and upserted) per step: progress, cancel checks and bounded thread calls.
 EMBED_BATCH = 32
+# A base reindex's result names at most this many files that ended in an error state.
+MAX_ERRORS_REPORTED = 100
 
 
 class FileFailed(Exception):
@@ -75,20 +79,20 @@ async def reindex(ctx: TaskContext) -> Any:
     if base_id is None:
         raise ValueError("payload needs file_id or base_id")
     async with ctx.owning_transaction() as conn:
-        file_ids = await catalog.owned_uploads(conn, ctx.task_id)
-    outcomes: list[Outcome] = []
+        file_ids = await catalog.owned_in_progress(conn, ctx.task_id)
     for n, fid in enumerate(file_ids, 1):
         ctx.raise_if_cancelled()
-        try:
-            outcomes.append(await index_file(ctx, stores, fid))
-        except FileGone as exc:
-            outcomes.append(Outcome(fid, "skipped", error=str(exc)))
+        with contextlib.suppress(FileGone):  # deleted meanwhile: nothing to do for it
+            await index_file(ctx, stores, fid)
         await ctx.report(100.0 * n / len(file_ids), f"{n} of {len(file_ids)} files")
+    # Counted from the files, so files an earlier attempt of this task finished count too.
+    async with ctx.owning_transaction() as conn:
+        counts, errors = await catalog.task_outcome(conn, ctx.task_id, MAX_ERRORS_REPORTED)
     return {
         "base_id": base_id,
-        "files": len(outcomes),
-        "indexed": sum(o.status == INDEXED for o in outcomes),
-        "errors": {o.file_id: o.error for o in outcomes if o.error},
+        "files": sum(counts.values()),
+        "indexed": counts.get(INDEXED, 0),
+        "errors": errors,
     }
 
 
@@ -103,7 +107,8 @@ async def _one(ctx: TaskContext, stores: KnowledgeStores, file_id: str) -> Any:
 
 
 async def index_file(ctx: TaskContext, stores: KnowledgeStores, file_id: str) -> Outcome:
-    """One file, start to end, as this attempt. Raises FileGone if the file is not ours (any more)."""
+    """One file, start to end, as this attempt. Raises FileGone if the file is not ours (any more),
+    RetryableError when a store does not answer (the task waits and tries again)."""
     task, token = ctx.task_id, ctx.attempt_token
     async with ctx.owning_transaction() as conn:
         row = await catalog.start(conn, file_id, task, token)
@@ -122,12 +127,26 @@ async def index_file(ctx: TaskContext, stores: KnowledgeStores, file_id: str) ->
             if not await catalog.advance(conn, file_id, task, token, expect, to, **values):
                 raise FileGone(f"file {file_id} was deleted or taken over")
 
+    @contextlib.asynccontextmanager
+    async def store_step() -> AsyncIterator[None]:
+        """A store that fails here is waited out (the task goes back to pending with backoff), unless
+        the file went away meanwhile: deleting a base drops its collection under a running ingest."""
+        try:
+            yield
+        except (StoreUnavailable, CollectionMissing) as exc:
+            async with ctx.owning_transaction() as conn:
+                ours = await catalog.note(conn, file_id, task, token, f"attempt {ctx.attempt}: {exc}")
+            if not ours:
+                raise FileGone(f"file {file_id} was deleted or taken over") from exc
+            raise RetryableError(str(exc), code="store_unavailable") from exc
+
     # -- parse (the file's own status says where it is; reports are kept to progress)
-    objects = await stores.objects()
-    try:
-        data = await objects.get(object_key(base_id, file_id))
-    except ObjectMissing:
-        return await fail(ERROR_PARSING, "the uploaded original is missing from the object store")
+    async with store_step():
+        objects = await stores.objects()
+        try:
+            data = await objects.get(object_key(base_id, file_id))
+        except ObjectMissing:
+            return await fail(ERROR_PARSING, "the uploaded original is missing from the object store")
     ctx.raise_if_cancelled()
     try:
         texts = await asyncio.to_thread(lambda: chunk_text(extract_text(data, row["file_type"])))
@@ -151,20 +170,23 @@ async def index_file(ctx: TaskContext, stores: KnowledgeStores, file_id: str) ->
         )
     await move(PARSED, INDEXING)
     ctx.raise_if_cancelled()
-    index = await _index(stores, base_id, row["dimension"])
-    try:
-        await _replace_vectors(ctx, index, embedder, file_id, name, chunk_ids, texts)
-    except CollectionMissing:
-        # Dropped since this process cached the handle (the base was deleted, or by hand): once more.
-        stores.indexes.forget(base_id)
+    async with store_step():
         index = await _index(stores, base_id, row["dimension"])
-        await _replace_vectors(ctx, index, embedder, file_id, name, chunk_ids, texts)
+        try:
+            await _replace_vectors(ctx, index, embedder, file_id, name, chunk_ids, texts)
+        except CollectionMissing:
+            # Dropped since this process cached the handle (by hand, or a restarted Milvus released
+            # it): built again once, unless the base itself is gone (then the file is too).
+            stores.indexes.forget(base_id)
+            await move(INDEXING, INDEXING)
+            index = await _index(stores, base_id, row["dimension"])
+            await _replace_vectors(ctx, index, embedder, file_id, name, chunk_ids, texts)
     try:
         await move(INDEXING, INDEXED, chunk_count=len(texts), error_message=None)
     except FileGone:
         # Deleted while we indexed: take our vectors back out rather than leave orphans (with the
         # whole base deleted, its collection is gone already).
-        with contextlib.suppress(CollectionMissing):
+        with contextlib.suppress(StoreError):  # the base's collection may be gone: nothing to remove
             await index.delete_file(file_id)
         raise
     return Outcome(file_id, INDEXED, chunks=len(texts))

@@ -168,10 +168,19 @@ async def create_base(body: BaseIn, caller: Caller, svc: Svc, stores: Stores) ->
     embedder = stores.embedder
     async with svc.engine.begin() as conn:
         row = await catalog.insert_base(conn, caller.name, body.name, embedder.name, embedder.dimension)
-        if not row:
-            raise HTTPException(409, f"you already have a base named {body.name!r}")
-        # Inside the transaction: if Milvus is down the base is not created (503), not half-made.
+    if not row:
+        raise HTTPException(409, f"you already have a base named {body.name!r}")
+    # The collection after the row's commit, never inside its transaction: a stalled Milvus must not
+    # hold a pooled connection (and a row lock) for its deadline. If Milvus does not answer, the
+    # base is taken back (503); a collection it still makes later belongs to no base, and the
+    # verifier drops it. A base whose take-back fails too is whole anyway: ingest makes its
+    # collection on first use.
+    try:
         await stores.index(row["id"], embedder.dimension)
+    except StoreError:
+        async with svc.engine.begin() as conn:
+            await catalog.delete_base(conn, row["id"])
+        raise
     return _base_view(row, {})
 
 

@@ -8,16 +8,25 @@ from tasks_core.registry import TaskSpec
 
 INGEST = "knowledge.ingest"
 REINDEX = "knowledge.reindex"
-_HOOKS: dict[str, Any] = {
+# Attempts in all. With the default backoff (DTASK_RETRY_BACKOFF_SECONDS 5, doubling, capped at
+# DTASK_RETRY_BACKOFF_MAX_SECONDS 300) a file waits out a store outage for 5 to 10 minutes before
+# it ends error_indexing (tasks_core.retry.longest_wait).
+MAX_ATTEMPTS = 8
+_COMMON: dict[str, Any] = {
     "on_success": "domains.knowledge.hooks:on_success",
     "on_failure": "domains.knowledge.hooks:on_failure",
+    # Retry-safe: every effect is fenced (file moves name the attempt) and idempotent (chunks and
+    # vectors are replaced by chunk id), so a lost lease, a worker shutdown or a store that does not
+    # answer (the handler raises RetryableError) sends the task back to pending with backoff, and
+    # the next attempt starts the file over. A file that cannot be parsed is not retried.
+    "retry_safe": True,
+    "max_attempts": MAX_ATTEMPTS,
 }
 
 SPECS = (
-    # Parse and index one uploaded file. Not retry-safe by declaration: a file whose worker died
-    # ends error_indexing and the user reindexes it (its effects are idempotent, so that is safe).
+    # Parse and index one uploaded file.
     TaskSpec(
-        INGEST, "domains.knowledge.handlers:ingest", timeout_seconds=3600, payload=IngestPayload, **_HOOKS
+        INGEST, "domains.knowledge.handlers:ingest", timeout_seconds=3600, payload=IngestPayload, **_COMMON
     ),
     # One file again ({"file_id"}), or every pending/errored file of a base ({"base_id"}).
     TaskSpec(
@@ -25,6 +34,6 @@ SPECS = (
         "domains.knowledge.handlers:reindex",
         timeout_seconds=6 * 3600,
         payload=ReindexPayload,
-        **_HOOKS,
+        **_COMMON,
     ),
 )

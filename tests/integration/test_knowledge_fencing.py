@@ -14,6 +14,7 @@ from domains.knowledge import catalog
 from domains.knowledge.handlers import index_file
 from domains.knowledge.model import INDEXED, INDEXING, PARSED, PARSING
 from domains.knowledge.stores import stores_for
+from domains.knowledge.tasks import MAX_ATTEMPTS
 from tasks_core.context import TaskContext
 from tasks_core.repository import OwnershipLost
 from tasks_core.settings import Settings
@@ -34,37 +35,39 @@ async def _move(ctx: TaskContext, file_id: str, expect: str, to: str, **values: 
         return await catalog.advance(conn, file_id, ctx.task_id, ctx.attempt_token, expect, to, **values)
 
 
+async def _lapse(svc: Any, task_id: uuid.UUID) -> None:
+    async with svc.engine.begin() as conn:
+        await conn.execute(
+            text("UPDATE tasks SET lease_expires_at = clock_timestamp() - interval '1 s' WHERE id = :id"),
+            {"id": task_id},
+        )
+
+
 async def test_an_expired_attempt_cannot_mark_its_file_indexed_after_a_new_attempt_took_over(
     knowledge_stores: dict[str, str],
 ) -> None:
     async with knowledge_api() as (client, svc):
         base = await create_base(client)
         entry = (await upload(client, base, [("doc.txt", b"some words " * 40)])).json()["files"][0]
-        file_id, first_task = entry["id"], uuid.UUID(entry["task_id"])
+        file_id, task_id = entry["id"], uuid.UUID(entry["task_id"])
 
         # Attempt A takes the file as far as `indexing`, as its handler would.
-        a = await _attempt(svc, first_task)
+        a = await _attempt(svc, task_id)
         async with a.owning_transaction() as conn:
             assert await catalog.start(conn, file_id, a.task_id, a.attempt_token) is not None
         assert await _move(a, file_id, PARSING, PARSED)
         assert await _move(a, file_id, PARSED, INDEXING)
 
-        # A falls silent: its lease lapses (PostgreSQL's clock) and the reconciler fails the task,
-        # whose failure hook marks the file, inside the same transaction.
-        async with svc.engine.begin() as conn:
-            await conn.execute(
-                text("UPDATE tasks SET lease_expires_at = clock_timestamp() - interval '1 s' WHERE id = :id"),
-                {"id": first_task},
-            )
+        # A falls silent: its lease lapses (PostgreSQL's clock). Ingest is retry-safe, so the
+        # reconciler sends the task back to pending; the file keeps its state until the next attempt.
+        await _lapse(svc, task_id)
         report = await svc.repo.reconcile(svc.registry, batch=10, retry_delay=lambda n: 0.0)
-        assert report.failed == 1 and report.hook_errors == 0
-        row = await file_row(svc, file_id)
-        assert row["status"] == "error_indexing" and "lease_expired" in row["error_message"]
+        assert report.retried == 1 and report.hook_errors == 0
+        assert (await file_row(svc, file_id))["status"] == INDEXING
 
-        # The user reindexes: a new task, whose attempt B takes the file over.
-        r = await client.post(f"/knowledge/files/{file_id}/reindex", headers=ALICE)
-        assert r.status_code == 202, r.text
-        b = await _attempt(svc, uuid.UUID(r.json()["task_id"]))
+        # Attempt B of the same task takes the file over and starts it again.
+        b = await _attempt(svc, task_id)
+        assert b.attempt == 2
         async with b.owning_transaction() as conn:
             assert await catalog.start(conn, file_id, b.task_id, b.attempt_token) is not None
 
@@ -90,3 +93,42 @@ async def test_an_expired_attempt_cannot_mark_its_file_indexed_after_a_new_attem
         assert await _move(b, file_id, PARSED, INDEXING)
         assert await _move(b, file_id, INDEXING, INDEXED, chunk_count=1)
         assert (await file_row(svc, file_id))["status"] == INDEXED
+
+
+async def test_a_lapse_of_the_last_attempt_fails_the_file_and_a_reindex_takes_it_over(
+    knowledge_stores: dict[str, str],
+) -> None:
+    async with knowledge_api() as (client, svc):
+        base = await create_base(client)
+        entry = (await upload(client, base, [("doc.txt", b"some words " * 40)])).json()["files"][0]
+        file_id, first_task = entry["id"], uuid.UUID(entry["task_id"])
+        async with svc.engine.begin() as conn:  # every attempt but the last already spent
+            await conn.execute(
+                text("UPDATE tasks SET attempt_count = :n WHERE id = :id"),
+                {"n": MAX_ATTEMPTS - 1, "id": first_task},
+            )
+        a = await _attempt(svc, first_task)
+        assert a.attempt == MAX_ATTEMPTS
+        async with a.owning_transaction() as conn:
+            assert await catalog.start(conn, file_id, a.task_id, a.attempt_token) is not None
+        assert await _move(a, file_id, PARSING, PARSED)
+        assert await _move(a, file_id, PARSED, INDEXING)
+
+        # No attempt left: the reconciler fails the task, whose failure hook marks the file inside
+        # the same transaction.
+        await _lapse(svc, first_task)
+        report = await svc.repo.reconcile(svc.registry, batch=10, retry_delay=lambda n: 0.0)
+        assert report.failed == 1 and report.hook_errors == 0
+        row = await file_row(svc, file_id)
+        assert row["status"] == "error_indexing" and "lease_expired" in row["error_message"]
+
+        # The user reindexes: a new task, whose attempt B takes the file over; A's late write fails.
+        r = await client.post(f"/knowledge/files/{file_id}/reindex", headers=ALICE)
+        assert r.status_code == 202, r.text
+        b = await _attempt(svc, uuid.UUID(r.json()["task_id"]))
+        async with b.owning_transaction() as conn:
+            assert await catalog.start(conn, file_id, b.task_id, b.attempt_token) is not None
+        with pytest.raises(OwnershipLost):
+            await _move(a, file_id, INDEXING, INDEXED, chunk_count=99)
+        row = await file_row(svc, file_id)
+        assert (row["status"], row["task_id"], row["attempt_token"]) == (PARSING, b.task_id, b.attempt_token)
