@@ -44,7 +44,8 @@ async def test_with_milvus_stalled_knowledge_routes_answer_503_in_time_and_other
             # another tenant's routes that need no Milvus answer as usual (no pooled connection is
             # held across a store call).
             creates = [
-                client.post("/knowledge/bases", json={"name": f"stalled-{i}"}, headers=ALICE) for i in range(16)
+                client.post("/knowledge/bases", json={"name": f"stalled-{i}"}, headers=ALICE)
+                for i in range(16)
             ]
             others = [client.get("/tasks", headers=BOB), client.get("/knowledge/bases", headers=BOB)]
             answers, took = await _timed(asyncio.gather(*creates, *others))

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from tests.integration.repo_helpers import attempt_rows
 from tests.knowledge_helpers import (
     ALICE,
     create_base,
@@ -25,7 +26,6 @@ from tests.knowledge_helpers import (
     upload,
     vector_count,
 )
-from tests.integration.repo_helpers import attempt_rows
 from tests.system.conftest import Cluster, wait_for
 
 pytestmark = pytest.mark.system
