@@ -45,8 +45,8 @@ class Settings(BaseSettings):
     # Deadline of each Milvus and S3 call, in the api and in workers. A stalled or unreachable store
     # then fails a call within this long as "unavailable": the api answers 503, and an ingest goes
     # back to pending with backoff (its slot freed) until the store answers again. Longer rides out
-    # slower stores; shorter frees slots and answers callers sooner. Never more than two thirds of
-    # the lease (store_deadline), so a call an attempt starts ends while that attempt can own it.
+    # slower stores; shorter frees slots and answers callers sooner. Keep it under the lease, so a
+    # store call an attempt starts has ended before anyone else could own the attempt's task.
     store_timeout_seconds: float = Field(default=10.0, gt=0, allow_inf_nan=False)
     # Largest uploaded file (413 naming the file).
     max_upload_bytes: int = Field(default=16 * 1024 * 1024, ge=1)
@@ -202,10 +202,6 @@ class Settings(BaseSettings):
     @property
     def heartbeat_seconds(self) -> float:
         return self.lease_seconds / 3
-
-    @property
-    def store_deadline(self) -> float:
-        return min(self.store_timeout_seconds, self.lease_seconds * 2 / 3)
 
     @property
     def ahead(self) -> int:

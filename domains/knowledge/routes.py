@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import uuid
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import (
@@ -30,7 +29,7 @@ from fastapi.responses import JSONResponse
 
 from app.auth import Principal
 from app.dependencies import Caller, Svc
-from domains.knowledge import catalog
+from domains.knowledge import catalog, reindexing
 from domains.knowledge.errors import CollectionMissing, StoreError, StoresNotConfigured
 from domains.knowledge.parsing import CONTENT_TYPES, file_type_of
 from domains.knowledge.schemas import (
@@ -51,7 +50,7 @@ from domains.knowledge.schemas import (
 )
 from domains.knowledge.storage import object_key
 from domains.knowledge.stores import KnowledgeStores, milvus_fact, object_store_fact, stores_for
-from domains.knowledge.tasks import INGEST, REINDEX
+from domains.knowledge.tasks import INGEST
 from tasks_core.services import Services
 from tasks_core.settings import Settings
 from tasks_core.submission import InvalidTask, Submitter, TaskIntent
@@ -376,52 +375,14 @@ async def reindex_file(file_id: FileId, caller: Caller, svc: Svc) -> Any:
     async with svc.engine.connect() as conn:
         owner = _visible(await catalog.get_file(conn, file_id), caller, "file")["owner"]
     try:
-        return await _reindex_file(svc, file_id, owner)
+        outcome = await reindexing.reindex_file(svc, file_id, owner)
     except InvalidTask as exc:
         raise _refused(exc) from None
-
-
-async def _reindex_file(svc: Services, file_id: str, owner: str) -> Any:
-    async with Submitter(svc).transaction(owner=owner) as tx:
-        row = await catalog.get_file(tx.conn, file_id, lock=True)
-        if row is None:
-            raise HTTPException(404, "no such file")  # deleted meanwhile
-        if row["task_active"]:
-            return _conflict("the file's task is still active; cancel it or wait", row["task_id"])
-        submitted = await tx.add(TaskIntent(REINDEX, {"file_id": file_id}, dedupe_key=f"file:{file_id}"))
-        if submitted.duplicate_of is not None:
-            return _conflict("a reindex of this file is already active", submitted.duplicate_of)
-        await catalog.assign(tx.conn, [file_id], submitted.task_id)
-    return _ref(file_id, submitted.task_id, "uploaded", row["filename"])
-
-
-class _NothingToDo(Exception):
-    pass
-
-
-@dataclass(frozen=True)
-class BaseReindex:
-    task_id: uuid.UUID | None  # None: no file needed it, or one is already active
-    files: list[dict[str, Any]]  # the files handed to the new task
-    active: uuid.UUID | None = None  # the reindex of this base that is already active
-
-
-async def reindex_base(svc: Services, base_id: str, owner: str) -> BaseReindex:
-    """One task for every errored (or stranded uploaded) file of the base; one at a time per base.
-    Raises InvalidTask when the owner's quota refuses it. The API and the dashboard both use it."""
-    try:
-        async with Submitter(svc).transaction(owner=owner) as tx:
-            submitted = await tx.add(TaskIntent(REINDEX, {"base_id": base_id}, dedupe_key=f"base:{base_id}"))
-            if submitted.duplicate_of is not None:
-                return BaseReindex(None, [], submitted.duplicate_of)
-            file_ids = await catalog.reindexable(tx.conn, base_id)
-            if not file_ids:
-                raise _NothingToDo  # roll the task back: nothing would run
-            await catalog.assign(tx.conn, file_ids, submitted.task_id)
-            rows = [await catalog.get_file(tx.conn, fid) for fid in file_ids]
-    except _NothingToDo:
-        return BaseReindex(None, [])
-    return BaseReindex(submitted.task_id, [r for r in rows if r])
+    if outcome is None:
+        raise HTTPException(404, "no such file")  # deleted meanwhile
+    if outcome.task_id is None:
+        return _conflict(outcome.conflict or "", outcome.active)
+    return _ref(file_id, outcome.task_id, "uploaded", outcome.filename)
 
 
 @router.post(
@@ -439,7 +400,7 @@ async def reindex_pending(base_id: BaseId, caller: Caller, svc: Svc, response: R
     """One task for every errored (or stranded uploaded) file of the base; one at a time per base."""
     base = await _base(svc, base_id, caller)
     try:
-        outcome = await reindex_base(svc, base_id, base["owner"])
+        outcome = await reindexing.reindex_base(svc, base_id, base["owner"])
     except InvalidTask as exc:
         raise _refused(exc) from None
     if outcome.active is not None:

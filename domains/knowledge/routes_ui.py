@@ -33,7 +33,7 @@ from app.ui import (
 )
 from domains.knowledge import catalog
 from domains.knowledge.model import ERRORS, STATUSES
-from domains.knowledge.routes import reindex_base
+from domains.knowledge.reindexing import reindex_base
 from domains.knowledge.stores import StoreConfig
 from tasks_core.db import db_now
 from tasks_core.services import Services

@@ -34,7 +34,7 @@ class StoreConfig:
     minio_secure: bool
     bucket: str
     embedder: str
-    # Seconds each store call may take (Settings.store_deadline).
+    # Seconds each store call may take (DTASK_STORE_TIMEOUT_SECONDS).
     deadline: float
 
     @classmethod
@@ -47,7 +47,7 @@ class StoreConfig:
             s.minio_secure,
             s.minio_bucket,
             s.embedder,
-            s.store_deadline,
+            s.store_timeout_seconds,
         )
 
     def missing(self) -> list[str]:
