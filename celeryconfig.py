@@ -8,6 +8,7 @@ from kombu import Exchange, Queue
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport.base import Transport
 
+from tasks_core.registry import default_registry
 from tasks_core.settings import get_settings
 from tasks_core.transport import DURABLE_QUEUE, DUTIES_QUEUE
 
@@ -115,6 +116,7 @@ task_routes = {
     "dtask.publish": {"queue": DUTIES_QUEUE},
     "dtask.reconcile": {"queue": DUTIES_QUEUE},
     "dtask.prune": {"queue": DUTIES_QUEUE},
+    "dtask.duty": {"queue": DUTIES_QUEUE},
 }
 
 # Early acknowledgement, no prefetch: a worker holds only the message it is running, so no message
@@ -164,3 +166,14 @@ beat_schedule = {
         "options": {"queue": DUTIES_QUEUE, "expires": 3600.0},
     },
 }
+
+# The domains' own duties (DUTIES beside their SPECS), each every Settings.<every> seconds; unset: off.
+for _duty in default_registry(_s.extra_modules).duties():
+    _every = getattr(_s, _duty.every)
+    if _every:
+        beat_schedule[f"duty-{_duty.name}"] = {
+            "task": "dtask.duty",
+            "schedule": float(_every),
+            "args": (_duty.name,),
+            "options": {"queue": DUTIES_QUEUE, "expires": float(_every)},
+        }

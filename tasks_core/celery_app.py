@@ -39,7 +39,7 @@ SUPPORTED_POOLS = ("concurrency.prefork", "concurrency.solo", "concurrency.threa
 
 app = Celery("durable_tasks")
 app.config_from_object("celeryconfig")
-OUR_TASKS = frozenset({"dtask.run", "dtask.publish", "dtask.reconcile", "dtask.prune"})
+OUR_TASKS = frozenset({"dtask.run", "dtask.publish", "dtask.reconcile", "dtask.prune", "dtask.duty"})
 
 
 @app.on_after_finalize.connect
@@ -220,3 +220,14 @@ def prune(older_than_seconds: Any = None) -> dict[str, int]:
         requested = float(older_than_seconds)
     state = process_state()
     return vars(state.run(run_prune(state.services, requested)))
+
+
+@app.task(name="dtask.duty", ignore_result=True)
+def duty(name: Any) -> Any:
+    """A domain's periodic duty (TaskSpec modules' DUTIES), by name; an unknown name is dropped."""
+    state = process_state()
+    fn = state.services.registry.duty(name) if isinstance(name, str) else None
+    if fn is None:
+        log.warning("dropping duty message for unknown duty %s", logs.short(name))
+        return {}
+    return state.run(fn(state.services))

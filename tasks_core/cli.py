@@ -43,7 +43,7 @@ cli = typer.Typer(
 )
 
 
-def _run(fn: Callable[[], Awaitable[T]]) -> T:
+def run_command(fn: Callable[[], Awaitable[T]]) -> T:
     """Run a command's coroutine; a database problem ends the command with one line and its code."""
     try:
         return asyncio.run(fn())  # type: ignore[arg-type]
@@ -66,7 +66,7 @@ def _services(settings: Settings | None = None) -> Any:
 
 
 @asynccontextmanager
-async def _client() -> AsyncIterator[Any]:
+async def client_services() -> AsyncIterator[Any]:
     """Services for one client command, once the database is known to carry this release's schema."""
     from tasks_core.db import check_schema
 
@@ -142,7 +142,7 @@ def db_status() -> None:
         finally:
             await engine.dispose()
 
-    found, backlog = _run(go)
+    found, backlog = run_command(go)
     typer.echo(f"starting point: {found.describe()}")
     typer.echo(f"database: {found.revision or 'no version'}\nrelease:  {found.head}")
     if backlog is not None:
@@ -299,7 +299,7 @@ def submit(
     idempotency = Idempotency(key, hashlib.sha256(request.encode()).hexdigest())
 
     async def go() -> Any:
-        async with _client() as services:
+        async with client_services() as services:
             deadline = time.monotonic() + SUBMIT_RETRY_SECONDS
             result = await retry_transient(
                 lambda: Submitter(services).submit(intent, owner="cli", idempotency=idempotency),
@@ -311,7 +311,7 @@ def submit(
             return result
 
     try:
-        result = _run(go)
+        result = run_command(go)
     except InvalidTask as exc:
         _fail(f"invalid task: {exc}", Exit.USAGE)
     if result.duplicate_of is not None:
@@ -345,7 +345,7 @@ def _wait(task_id: uuid.UUID) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     async def go() -> dict[str, Any]:
-        async with _client() as services:
+        async with client_services() as services:
             with Progress(
                 TextColumn("{task.description}"),
                 BarColumn(),
@@ -364,7 +364,7 @@ def _wait(task_id: uuid.UUID) -> int:
                         return dict(row)
                     await asyncio.sleep(0.5)
 
-    row = _run(go)
+    row = run_command(go)
     if row["error"]:
         typer.echo(f"{row['status']}: {row['error']['code']}: {row['error']['message']}", err=True)
     return 0 if row["status"] == "success" else int(Exit.FAILED)
@@ -378,13 +378,13 @@ def show(task_id: str, as_json: Annotated[bool, typer.Option("--json")] = False)
     tid = _task_id(task_id)
 
     async def go() -> dict[str, Any] | None:
-        async with _client() as services:
+        async with client_services() as services:
             row = await services.repo.get(tid)
             if row is None:
                 return None
             return task_view(row, await services.repo.waiting_reason(row, services.settings.capacity))
 
-    view = _run(go)
+    view = run_command(go)
     if view is None:
         _fail(f"no task {task_id}", Exit.NO_TASK)
     if as_json:
@@ -405,14 +405,14 @@ def list_tasks(
     from tasks_core.views import task_view
 
     async def go() -> tuple[list[dict[str, Any]], str | None]:
-        async with _client() as services:
+        async with client_services() as services:
             rows, nxt = await services.repo.list(
                 status=status.value if status else None, task_type=task_type, limit=limit, cursor=cursor
             )
             return [task_view(r) for r in rows], nxt
 
     try:
-        items, nxt = _run(go)
+        items, nxt = run_command(go)
     except ValueError as exc:
         _fail(str(exc), Exit.USAGE)
     if as_json:
@@ -434,11 +434,11 @@ def cancel(task_id: str) -> None:
     tid = _task_id(task_id)
 
     async def go() -> str | None:
-        async with _client() as services:
+        async with client_services() as services:
             outcome: str | None = await services.repo.request_cancel(tid, services.registry)
             return outcome
 
-    outcome = _run(go)
+    outcome = run_command(go)
     if outcome is None:
         _fail(f"no task {task_id}", Exit.NO_TASK)
     if outcome == "terminal":
@@ -459,11 +459,11 @@ def prune(older_than: Annotated[str, typer.Option("--older-than", help="e.g. 7d,
         _fail(f"--older-than {older_than}: at most {MAX_PRUNE_DAYS}d (100 years)", Exit.USAGE)
 
     async def go() -> int:
-        async with _client() as services:
+        async with client_services() as services:
             pruned: int = await services.repo.prune(seconds)
             return pruned
 
-    typer.echo(f"pruned {_run(go)} tasks")
+    typer.echo(f"pruned {run_command(go)} tasks")
 
 
 @cli.command()
@@ -490,8 +490,13 @@ from tasks_core.bench.cli import bench_app  # noqa: E402  (typer sub-app; import
 cli.add_typer(bench_app, name="bench")
 
 from tasks_core.chaos.cli import chaos_command  # noqa: E402  (imports nothing heavy)
+from tasks_core.registry import DOMAIN_CLIS, import_path  # noqa: E402
 
 cli.command("chaos")(chaos_command)
+
+
+for _name, _path in DOMAIN_CLIS:
+    cli.add_typer(import_path(_path), name=_name)
 
 
 def main() -> None:

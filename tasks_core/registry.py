@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -29,6 +29,9 @@ DOMAIN_SPEC_MODULES: tuple[str, ...] = (
     "domains.evaluation.tasks",
     "domains.graph.tasks",
 )
+
+# Command groups of domains, mounted under `dtask` by name ("kb" -> `dtask kb ...`), imported by path.
+DOMAIN_CLIS: tuple[tuple[str, str], ...] = (("kb", "domains.knowledge.cli:cli"),)
 
 HookKind = Literal["success", "failure"]
 Handler = Callable[["TaskContext"], Awaitable[Any]]
@@ -85,6 +88,17 @@ class TaskSpec:
         return self.retry_safe and isinstance(exc, (RetryableError, *self.retry_on))
 
 
+@dataclass(frozen=True)
+class DutySpec:
+    """A domain's periodic upkeep (a verifier, a sweeper): beat schedules it every
+    ``getattr(settings, every)`` seconds (unset: off), and a worker runs ``function(services)`` on
+    the duties queue, like the runtime's own duties. It must be safe to run twice at once."""
+
+    name: str
+    function: str
+    every: str
+
+
 def import_path(path: str) -> Any:
     module, _, attr = path.partition(":")
     if not attr:
@@ -93,20 +107,40 @@ def import_path(path: str) -> Any:
 
 
 class Registry:
-    def __init__(self, specs: Iterable[TaskSpec]) -> None:
+    def __init__(self, specs: Iterable[TaskSpec], duties: Iterable[DutySpec] = ()) -> None:
         self._specs: dict[str, TaskSpec] = {}
         for spec in specs:
             if spec.task_type in self._specs:
                 raise ValueError(f"task type {spec.task_type!r} registered twice")
             self._specs[spec.task_type] = spec
+        self._duties: dict[str, DutySpec] = {}
+        for duty in duties:
+            if duty.name in self._duties:
+                raise ValueError(f"duty {duty.name!r} registered twice")
+            self._duties[duty.name] = duty
         self._imported: dict[str, Any] = {}
 
     @classmethod
     def from_modules(cls, modules: Iterable[str]) -> Registry:
+        """Each module's SPECS, and its DUTIES if it has any."""
         specs: list[TaskSpec] = []
+        duties: list[DutySpec] = []
         for name in modules:
-            specs.extend(importlib.import_module(name).SPECS)
-        return cls(specs)
+            module = importlib.import_module(name)
+            specs.extend(module.SPECS)
+            duties.extend(getattr(module, "DUTIES", ()))
+        return cls(specs, duties)
+
+    def duties(self) -> list[DutySpec]:
+        return list(self._duties.values())
+
+    def duty(self, name: str) -> Callable[[Any], Coroutine[Any, Any, Any]] | None:
+        """The function of the duty named ``name`` (imported now), or None for an unknown name."""
+        spec = self._duties.get(name)
+        fn: Callable[[Any], Coroutine[Any, Any, Any]] | None = None
+        if spec is not None:
+            fn = self._load(spec.function)
+        return fn
 
     def __contains__(self, task_type: object) -> bool:
         return task_type in self._specs

@@ -80,11 +80,7 @@ def build_services(
         settings=settings,
         engine=engine,
         repo=TaskRepository(engine),
-        registry=registry or default_registry(_extra_modules(settings)),
+        registry=registry or default_registry(settings.extra_modules),
         transport=transport or CeleryTransport(timeout=settings.publish_timeout_seconds),
         **(extra or {}),
     )
-
-
-def _extra_modules(settings: Settings) -> list[str]:
-    return [m.strip() for m in settings.extra_task_modules.split(",") if m.strip()]

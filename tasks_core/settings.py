@@ -48,6 +48,11 @@ class Settings(BaseSettings):
     # slower stores; shorter frees slots and answers callers sooner. Keep it under the lease, so a
     # store call an attempt starts has ended before anyone else could own the attempt's task.
     store_timeout_seconds: float = Field(default=10.0, gt=0, allow_inf_nan=False)
+    # How often the knowledge verifier runs (a duty, like the reconciler): it checks that each
+    # file's chunk rows, Milvus vectors and S3 original agree, re-queues a file whose do not, and
+    # removes what failed or deleted work left behind (`dtask kb verify` does the same on demand).
+    # Each run checks a bounded share of the bases and continues where the last one stopped. Unset: off.
+    knowledge_verify_seconds: float | None = Field(default=600.0, gt=0, allow_inf_nan=False)
     # Largest uploaded file (413 naming the file).
     max_upload_bytes: int = Field(default=16 * 1024 * 1024, ge=1)
     # Files per upload request: the batch limit of one submission transaction.
@@ -198,6 +203,10 @@ class Settings(BaseSettings):
         if self.readiness_ttl_seconds is None:
             self.readiness_ttl_seconds = max(3 * self.reconcile_seconds, 15.0)
         return self
+
+    @property
+    def extra_modules(self) -> list[str]:
+        return [m.strip() for m in self.extra_task_modules.split(",") if m.strip()]
 
     @property
     def heartbeat_seconds(self) -> float:

@@ -404,3 +404,77 @@ async def indexed_chunks(conn: AsyncConnection, base_id: str, chunk_ids: Sequenc
         .all()
     )
     return {r["chunk_id"]: dict(r) for r in rows}
+
+
+# ------------------------------------------------------------------------------------------------ verifier
+
+
+async def base_ids_after(conn: AsyncConnection, after: str, limit: int) -> list[Row]:
+    """Bases in id order after ``after`` (the verifier's round-robin), with their owners."""
+    rows = (
+        await conn.execute(
+            text("SELECT id, owner FROM knowledge_bases WHERE id > :after ORDER BY id LIMIT :n"),
+            {"after": after, "n": limit},
+        )
+    ).mappings()
+    return [dict(r) for r in rows]
+
+
+async def existing_bases(conn: AsyncConnection, base_ids: Sequence[str]) -> set[str]:
+    rows = await conn.execute(
+        text("SELECT id FROM knowledge_bases WHERE id = ANY(:ids)"), {"ids": list(base_ids)}
+    )
+    return {r[0] for r in rows}
+
+
+async def files_to_verify(conn: AsyncConnection, base_id: str) -> list[Row]:
+    """Every file of the base with what PostgreSQL holds for it: its chunk rows counted, and whether
+    a task is working on it (then it is not judged)."""
+    rows = (
+        await conn.execute(
+            text(
+                f"""SELECT f.file_id, f.filename, f.status, f.chunk_count, f.updated_at,
+               (SELECT count(*) FROM knowledge_chunks c WHERE c.file_id = f.file_id) AS chunk_rows,
+               coalesce(t.status IN {_ACTIVE}, false) AS task_active
+        FROM knowledge_files f LEFT JOIN tasks t ON t.id = f.task_id WHERE f.kb_id = :kb"""
+            ),
+            {"kb": base_id},
+        )
+    ).mappings()
+    return [dict(r) for r in rows]
+
+
+# A verdict is acted on only while the file is as the verifier saw it: same state, not touched since,
+# no active task (a reindex that began meanwhile owns the file now).
+_UNCHANGED = f"""f.file_id = :id AND f.status = :status AND f.updated_at = :seen
+    AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = f.task_id AND t.status IN {_ACTIVE})"""
+
+
+async def unchanged(conn: AsyncConnection, file_id: str, status: str, seen: datetime) -> bool:
+    row = await conn.execute(
+        text(f"SELECT 1 FROM knowledge_files f WHERE {_UNCHANGED} FOR UPDATE OF f"),
+        {"id": file_id, "status": status, "seen": seen},
+    )
+    return row.first() is not None
+
+
+async def lose_original(conn: AsyncConnection, file_id: str, seen: datetime, message: str) -> bool:
+    """An indexed file whose original is gone ends error_parsing (it cannot be reindexed), its chunk
+    rows removed; False if the file changed since it was seen."""
+    result = await conn.execute(
+        text(
+            f"""UPDATE knowledge_files f SET status = '{ERROR_PARSING}', error_message = :msg,
+               chunk_count = 0, updated_at = {NOW}
+        WHERE {_UNCHANGED}"""
+        ),
+        {"id": file_id, "status": "indexed", "seen": seen, "msg": message},
+    )
+    if not result.rowcount:
+        return False
+    await conn.execute(text("DELETE FROM knowledge_chunks WHERE file_id = :id"), {"id": file_id})
+    return True
+
+
+async def drop_chunks(conn: AsyncConnection, file_id: str) -> int:
+    result = await conn.execute(text("DELETE FROM knowledge_chunks WHERE file_id = :id"), {"id": file_id})
+    return int(result.rowcount)

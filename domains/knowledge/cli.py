@@ -12,17 +12,21 @@ deployment the API key reaches.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import httpx
 import typer
 
 from domains.api_client import Api, Key, connect, ok
 from domains.knowledge.parsing import file_type_of
+
+if TYPE_CHECKING:
+    from domains.knowledge.verify import Report
 
 cli = typer.Typer(no_args_is_help=True, add_completion=False, help="Knowledge bases over the dtask HTTP API.")
 IN_PROGRESS = {"uploaded", "parsing", "parsed", "indexing"}
@@ -129,6 +133,57 @@ def search(
     for hit in hits["hits"]:
         snippet = " ".join(hit["text"].split())[:160]
         typer.echo(f"{hit['score']:.3f}  {hit['file_id']}  {snippet}")
+
+
+@cli.command()
+def verify(
+    base_id: Annotated[str | None, typer.Argument(help="one base (default: every base)")] = None,
+    repair: Annotated[
+        bool, typer.Option("--repair", help="re-queue disagreeing files and remove leftovers")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="the whole report as JSON")] = False,
+) -> None:
+    """Check that each file's chunk rows, Milvus vectors and S3 original agree (an operator
+    command: it reads PostgreSQL, Milvus and S3 with the DTASK_* settings, not the HTTP API).
+    Exit 0 when everything agrees or was repaired, 1 when something disagrees."""
+    # Imported here: `dtask` loads this module for every command, and these bring the stores' clients.
+    from domains.knowledge.errors import StoreError
+    from domains.knowledge.verify import verify as run_verify
+    from tasks_core.cli import client_services, run_command
+
+    async def go() -> Report:
+        async with client_services() as services:
+            return await run_verify(services, base_id=base_id, repair=repair)
+
+    try:
+        report = run_command(go)
+    except StoreError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(report.as_dict(), default=str, indent=2))
+    else:
+        _print_report(report)
+    if not report.agrees and not repair:
+        raise typer.Exit(1)
+
+
+def _print_report(report: Report) -> None:
+    for base in report.bases:
+        strays = f", {base.stray_vectors} stray vectors, {base.stray_objects} stray objects"
+        typer.echo(f"{base.base_id}  {base.files} files, {base.agreeing} agree{strays}")
+        for v in base.problems:
+            typer.echo(
+                f"  {v.file_id}  {v.filename}: {v.problem} (status {v.status}, chunk_count {v.chunk_count}, "
+                f"{v.chunk_rows} chunk rows, {v.vectors} vectors, original {'yes' if v.original else 'no'})"
+                + (f" -> {v.action}" if v.action else "")
+            )
+    typer.echo(
+        f"{report.stray_collections} collections and {report.stray_prefixes} object prefixes of deleted bases"
+        + (" removed" if report.repair and (report.stray_collections or report.stray_prefixes) else "")
+    )
+    verdict = "repaired" if report.repair else "disagreements found"
+    typer.echo("everything agrees" if report.agrees else verdict)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ Every call blocks, so each runs in a thread. Deleting what is already gone succe
 from __future__ import annotations
 
 import io
+import itertools
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, TypeVar
 
 import urllib3
@@ -18,6 +20,8 @@ from domains.knowledge.errors import ObjectMissing, StoreUnavailable
 T = TypeVar("T")
 SERVICE = "the S3 object store"
 _GONE = ("NoSuchKey", "NoSuchBucket", "NoSuchObject")
+# Objects read per call while listing (an S3 listing page holds up to 1,000).
+LIST_PAGE = 1000
 
 
 def make_client(endpoint: str, access_key: str, secret_key: str, secure: bool, deadline: float) -> Any:
@@ -119,6 +123,25 @@ class ObjectStore:
         except Exception as exc:
             if _code(exc) not in _GONE:
                 raise
+
+    async def listing(self, prefix: str = "", *, recursive: bool = True) -> list[tuple[str, datetime | None]]:
+        """Object names (and last-modified times) under ``prefix``; top-level "folders" (names ending
+        in "/") when not ``recursive``. A page of the listing per call, so each has the deadline."""
+        pages = self.client.list_objects(self.bucket, prefix=prefix, recursive=recursive)
+
+        def page() -> list[tuple[str, datetime | None]]:
+            chunk = itertools.islice(pages, LIST_PAGE)
+            return [(o.object_name, o.last_modified) for o in chunk if o.object_name]
+
+        found: list[tuple[str, datetime | None]] = []
+        try:
+            while batch := await self._call(page):
+                found += batch
+        except Exception as exc:
+            if _code(exc) in _GONE:
+                return []
+            raise
+        return found
 
     async def delete_prefix(self, prefix: str) -> int:
         """Remove every object under ``prefix``; how many there were (0 if the bucket is gone)."""

@@ -4,7 +4,7 @@ runs or converges), payload models (light: the API checks submissions against th
 from typing import Any
 
 from domains.knowledge.payloads import IngestPayload, ReindexPayload
-from tasks_core.registry import TaskSpec
+from tasks_core.registry import DutySpec, TaskSpec
 
 INGEST = "knowledge.ingest"
 REINDEX = "knowledge.reindex"
@@ -36,4 +36,9 @@ SPECS = (
         payload=ReindexPayload,
         **_COMMON,
     ),
+)
+
+DUTIES = (
+    # Chunk rows, vectors and originals agree, or the file is re-queued; leftovers are removed.
+    DutySpec("knowledge.verify", "domains.knowledge.verify:duty", every="knowledge_verify_seconds"),
 )

@@ -12,6 +12,7 @@ threads on first use, never on the event loop of a task whose lease is already r
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -22,13 +23,18 @@ from domains.knowledge.errors import CollectionMissing, StoreUnavailable
 T = TypeVar("T")
 SERVICE = "Milvus"
 UPSERT_BATCH = 64
+# Rows per call when the verifier reads a whole collection.
+SCAN_BATCH = 4096
 # Search and counts read their own writes: an indexed file is searchable at once.
 CONSISTENCY = "Strong"
 
 
+PREFIX = "kb_"
+
+
 def collection_name(base_id: str) -> str:
     # Collection names allow letters, digits and underscores; base ids are hex.
-    return f"kb_{base_id}"
+    return f"{PREFIX}{base_id}"
 
 
 # pymilvus pings every 10 s even on an idle channel; servers built on grpc's defaults (milvus-lite)
@@ -66,8 +72,12 @@ def _message(exc: BaseException) -> str:
 async def call(deadline: float, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run one blocking pymilvus call (given ``timeout=deadline``) with its failures named for the
     caller: CollectionMissing, StoreUnavailable, or the exception itself for our own mistakes."""
+    return await _classified(deadline, fn, *args, timeout=deadline, **kwargs)
+
+
+async def _classified(deadline: float, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     try:
-        return await blocking(SERVICE, deadline, fn, *args, timeout=deadline, **kwargs)
+        return await blocking(SERVICE, deadline, fn, *args, **kwargs)
     except StoreUnavailable:
         raise
     except Exception as exc:
@@ -106,6 +116,12 @@ async def ensure_collection(client: Any, name: str, dimension: int, deadline: fl
     except StoreUnavailable:
         if not await call(deadline, client.has_collection, name):
             raise  # not a lost race with another creator
+
+
+async def base_collections(client: Any, deadline: float) -> set[str]:
+    """The base ids that have a collection (other collections on the server are not ours)."""
+    names: list[str] = await call(deadline, client.list_collections)
+    return {name[len(PREFIX) :] for name in names if name.startswith(PREFIX)}
 
 
 async def drop_collection(client: Any, name: str, deadline: float) -> bool:
@@ -160,6 +176,25 @@ class BaseIndex:
             Hit(h["chunk_id"] if "chunk_id" in h else h["id"], h["entity"]["file_id"], float(h["distance"]))
             for h in result[0]
         ]
+
+    async def vectors_by_file(self) -> Counter[str]:
+        """How many vectors each file has here: one pass over the collection, a batch per call."""
+        scan = await call(
+            self.deadline,
+            self.client.query_iterator,
+            self.name,
+            batch_size=SCAN_BATCH,
+            filter="",
+            output_fields=["file_id"],
+            consistency_level=CONSISTENCY,
+        )
+        counts: Counter[str] = Counter()
+        try:
+            while batch := await _classified(self.deadline, scan.next):
+                counts.update(row["file_id"] for row in batch)
+        finally:
+            scan.close()  # client-side only
+        return counts
 
     async def count(self, file_id: str | None = None) -> int:
         rows = await call(
