@@ -71,7 +71,7 @@ def _invalid(exc: InvalidTask, prefix: tuple[Any, ...] = ("body",)) -> HTTPExcep
 
 async def _view(svc: Services, row: dict[str, Any]) -> dict[str, Any]:
     reason = await svc.repo.waiting_reason(
-        row, svc.settings.capacity, owner_max_running=svc.settings.owner_max_running
+        row, svc.settings.capacity, owner_max_running=svc.settings.owner_running_limit
     )
     return task_view(row, reason)
 

@@ -27,7 +27,7 @@ async def publish_pending(services: Services) -> PublishReport:
         window=s.publish_seconds,
         limit=s.publish_batch,
         republish_after=s.publish_seconds,
-        owner_max_running=s.owner_max_running,
+        owner_max_running=s.owner_running_limit,
     )
     sent = await publish_due(services, due, by="publisher")
     return PublishReport(published=len(sent.ids), failed_closed=failed)

@@ -52,7 +52,7 @@ def relay_options(services: Services) -> RelayOptions:
     s = services.settings
     return RelayOptions(
         services.registry, capacity=s.capacity, ahead=s.ahead, window=s.publish_seconds,
-        limit=s.publish_batch, owner_max_running=s.owner_max_running,
+        limit=s.publish_batch, owner_max_running=s.owner_running_limit,
     )
 
 

@@ -588,9 +588,13 @@ class TaskRepository:
         for repaired in (False, True):
             await self._ensure_slots(capacity)
             try:
-                if not caps["ctypes"] and owner_max_running is None:
-                    claimed = next(iter(await self._fetch(CLAIM_SQL, params)), None)
-                else:
+                claimed = None
+                if not caps["ctypes"]:
+                    # One statement, no lock: always without limits, and with a per-owner limit for a
+                    # task that has no owner (omax 0 claims only those; the rest take the owner's lock).
+                    fast = params if owner_max_running is None else {**params, "omax": 0}
+                    claimed = next(iter(await self._fetch(CLAIM_SQL, fast)), None)
+                if claimed is None and (caps["ctypes"] or owner_max_running is not None):
                     claimed = await self._claim_under_locks(task_id, params, lock_wait_seconds)
             except DBAPIError as exc:
                 if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:

@@ -123,7 +123,7 @@ async def _run_one(
             lease_seconds=s.lease_seconds,
             worker=services.worker_name,
             lock_wait_seconds=min(2.0, s.heartbeat_seconds),
-            owner_max_running=s.owner_max_running,
+            owner_max_running=s.owner_running_limit,
         )
 
     try:

@@ -157,9 +157,14 @@ class Settings(BaseSettings):
     # Who may submit the built-in diagnostics types: admin keys only (default), every key, or
     # nobody. They exist for operators' smoke tests, not as free compute for every tenant.
     diagnostics: Literal["admin", "all", "off"] = "admin"
-    # Per-owner limits (unset: none). Pending is checked at submit (HTTP 429); running is enforced
-    # at claim, like the capacity, so one tenant cannot hold every slot while others wait.
+    # Per-owner limit of pending tasks, checked at submit (HTTP 429). Unset: none.
     owner_max_pending: int | None = Field(default=None, ge=1)
+    # Per-owner limit of running tasks, enforced at claim like the capacity, so one tenant cannot
+    # hold every slot while others wait (four slow documents of one tenant once held all four).
+    # Unset: the capacity less a quarter of it, at least one slot (3 of 4, 6 of 8, 12 of 16): the
+    # slots kept back stay free for other owners, and one owner alone runs that much slower.
+    # Set it to DTASK_CAPACITY for no per-owner limit. Tasks submitted through the Python API
+    # without an owner are exempt.
     owner_max_running: int | None = Field(default=None, ge=1)
     # Workers add their counters to the shared Redis hash at most this often (and when they stop):
     # flushing after every task would cost a Redis round trip per task.
@@ -203,6 +208,15 @@ class Settings(BaseSettings):
         if self.readiness_ttl_seconds is None:
             self.readiness_ttl_seconds = max(3 * self.reconcile_seconds, 15.0)
         return self
+
+    @property
+    def owner_running_limit(self) -> int | None:
+        """DTASK_OWNER_MAX_RUNNING, or its default share of the capacity; None: no limit (it would
+        not be below the capacity)."""
+        limit = self.owner_max_running
+        if limit is None:
+            limit = self.capacity - max(1, self.capacity // 4)
+        return limit if 0 < limit < self.capacity else None
 
     @property
     def extra_modules(self) -> list[str]:

@@ -94,7 +94,7 @@ async def summary(request: Request, owner: str | None) -> tuple[dict[str, Any], 
 
 async def waiting_reason(svc: Services, row: Mapping[str, Any]) -> str | None:
     return await svc.repo.waiting_reason(
-        row, svc.settings.capacity, owner_max_running=svc.settings.owner_max_running
+        row, svc.settings.capacity, owner_max_running=svc.settings.owner_running_limit
     )
 
 

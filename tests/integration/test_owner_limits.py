@@ -48,6 +48,43 @@ async def test_an_owner_at_its_running_limit_is_refused_at_claim_and_skipped_by_
     )
 
 
+@pytest.mark.parametrize(("capacity", "explicit", "limit"), [(4, None, 3), (8, None, 6), (16, None, 12),
+                                                           (1, None, None), (2, None, 1), (4, 4, None),
+                                                           (4, 2, 2)])  # fmt: skip
+def test_by_default_an_owner_may_hold_all_but_a_quarter_of_the_capacity(
+    capacity: int, explicit: int | None, limit: int | None
+) -> None:
+    assert make_settings(capacity=capacity, owner_max_running=explicit).owner_running_limit == limit
+
+
+async def test_with_the_default_limit_one_owner_leaves_a_slot_for_another(services: Any) -> None:
+    """Four long tasks of one owner arrive first: three run, and the fourth slot is the other
+    owner's, claimed by a worker as it would (the settings' own limit), not left to the first."""
+    repo, registry, s = services.repo, services.registry, services.settings
+    alice = [await submit(repo, owner="alice") for _ in range(4)]
+    bob = await submit(repo, owner="bob")
+    limit = s.owner_running_limit
+    outcomes = [
+        await repo.claim(i, registry, capacity=s.capacity, lease_seconds=30, owner_max_running=limit)
+        for i in alice
+    ]
+    assert [isinstance(o, str) for o in outcomes] == [False, False, False, True]
+    assert outcomes[3] == "owner_limit"
+    assert not isinstance(
+        await repo.claim(bob, registry, capacity=s.capacity, lease_seconds=30, owner_max_running=limit), str
+    )
+
+
+async def test_a_task_without_owner_claims_in_one_statement_under_an_owner_limit(services: Any) -> None:
+    repo, registry = services.repo, services.registry
+    ids = [await submit(repo) for _ in range(5)]  # the Python API's own tasks: exempt
+    outcomes = [
+        await repo.claim(i, registry, capacity=4, lease_seconds=30, owner_max_running=1) for i in ids
+    ]
+    assert [isinstance(o, str) for o in outcomes] == [False] * 4 + [True]
+    assert outcomes[4] == "capacity_full"
+
+
 async def test_concurrent_claims_never_exceed_an_owners_running_limit(services: Any) -> None:
     repo, registry = services.repo, services.registry
     ids = [await submit(repo, owner="alice") for _ in range(12)]
