@@ -102,6 +102,7 @@ async def submit_task(
             owner=caller.name,
             admin=caller.admin,
             idempotency=_idempotency(idempotency_key, "POST /tasks", body),
+            public=True,
         )
     except InvalidTask as exc:
         raise _invalid(exc) from None
@@ -135,6 +136,7 @@ async def submit_batch(
             owner=caller.name,
             admin=caller.admin,
             idempotency=_idempotency(idempotency_key, "POST /tasks/batch", body),
+            public=True,
         )
     except InvalidTask as exc:
         raise _invalid(exc) from None

@@ -22,8 +22,9 @@ ANY_OBJECT: dict[str, Any] = {"type": "object"}
     responses={401: {"model": Message, "description": "Missing or invalid API key"}},
 )
 async def task_types(request: Request, caller: Caller) -> Any:
-    """Every task type this key may submit: its handler version, default timeout, retry-safety and
-    the JSON Schema its payload is checked against."""
+    """Every task type this key may submit, or that a domain's routes create for it (`internal`):
+    its handler version, default timeout, retry-safety and the JSON Schema its payload is checked
+    against."""
     svc: Services = request.app.state.services
     s = svc.settings
     return [
@@ -35,6 +36,7 @@ async def task_types(request: Request, caller: Caller) -> Any:
             ),
             "retry_safe": spec.retry_safe,
             "max_attempts": spec.max_attempts,
+            "internal": spec.internal,
             "payload_schema": spec.payload.model_json_schema() if spec.payload else ANY_OBJECT,
         }
         for spec in sorted(svc.registry.specs(), key=lambda sp: sp.task_type)

@@ -302,7 +302,9 @@ def submit(
         async with client_services() as services:
             deadline = time.monotonic() + SUBMIT_RETRY_SECONDS
             result = await retry_transient(
-                lambda: Submitter(services).submit(intent, owner="cli", idempotency=idempotency),
+                lambda: Submitter(services).submit(
+                    intent, owner="cli", idempotency=idempotency, public=True
+                ),
                 lambda: deadline,
                 "submission",
             )

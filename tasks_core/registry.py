@@ -66,6 +66,10 @@ class TaskSpec:
     payload: type[BaseModel] | None = None
     # Built-in smoke-test types: who may submit them is DTASK_DIAGNOSTICS (admin, all, off).
     diagnostic: bool = False
+    # Created only by its domain's own code, in the transaction that makes the rows its payload
+    # names (a file, a dataset): POST /tasks, /tasks/batch and `dtask submit` refuse it, so no key
+    # can aim one at rows it does not own or spend slots on bare ids.
+    internal: bool = False
     # The broker queue its task ids travel on. Workers choose queues (`dtask worker --queues`), so
     # CPU-heavy types (say "durable-cpu") go to prefork workers and I/O-bound ones stay on
     # "durable", served by the dense mode (`--pool threads`). Capacity stays cluster-wide.

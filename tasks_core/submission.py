@@ -127,8 +127,11 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def may_submit(spec: TaskSpec, settings: Settings, admin: bool) -> bool:
-    """Diagnostics types follow DTASK_DIAGNOSTICS; every other type is open to every key."""
+def may_submit(spec: TaskSpec, settings: Settings, admin: bool, public: bool = False) -> bool:
+    """Diagnostics types follow DTASK_DIAGNOSTICS; internal types are not ``public`` (POST /tasks,
+    `dtask submit`); every other type is open to every key."""
+    if public and spec.internal:
+        return False
     if not spec.diagnostic:
         return True
     return settings.diagnostics == "all" or (settings.diagnostics == "admin" and admin)
@@ -149,15 +152,28 @@ def _check_payload_model(spec: TaskSpec, payload: dict[str, Any]) -> None:
 
 
 def validate(
-    intent: TaskIntent, registry: Registry, settings: Settings, owner: str | None, *, admin: bool = True
+    intent: TaskIntent,
+    registry: Registry,
+    settings: Settings,
+    owner: str | None,
+    *,
+    admin: bool = True,
+    public: bool = False,
 ) -> NewTask:
+    """The stored form of ``intent``, or InvalidTask. ``public``: submitted through POST /tasks or
+    `dtask submit` (internal types refused), not by a domain's own code."""
     s = settings
     if not isinstance(intent.task_type, str) or not intent.task_type:
         raise InvalidTask("task_type", "must be a non-empty string")
     spec = registry.get(intent.task_type)
     if spec is None:
-        known = ", ".join(sorted(t.task_type for t in registry.specs() if may_submit(t, s, admin)))
+        known = ", ".join(sorted(t.task_type for t in registry.specs() if may_submit(t, s, admin, public)))
         raise InvalidTask("task_type", f"unknown task type {intent.task_type!r}; known types: {known}")
+    if public and spec.internal:
+        raise Forbidden(
+            "task_type",
+            f"{spec.task_type} tasks are created by their domain's own routes, with the rows they work on",
+        )
     if not may_submit(spec, s, admin):
         who = "nobody" if s.diagnostics == "off" else "admin keys only"
         raise Forbidden(
@@ -215,17 +231,20 @@ def _quota_applies(settings: Settings, owner: str | None) -> bool:
 class SubmitTransaction:
     """Intents added here commit with the caller's domain writes on ``conn``."""
 
-    def __init__(self, submitter: Submitter, conn: AsyncConnection, owner: str | None, admin: bool) -> None:
+    def __init__(
+        self, submitter: Submitter, conn: AsyncConnection, owner: str | None, admin: bool, public: bool
+    ) -> None:
         self.submitter = submitter
         self.conn = conn
         self.owner = owner
         self.admin = admin
+        self.public = public
         self.results: list[Submitted] = []
         self._pending: int | None = None  # the owner's pending count, once this transaction read it
 
     async def add(self, intent: TaskIntent) -> Submitted:
         services = self.submitter.services
-        new = validate(intent, services.registry, services.settings, self.owner, admin=self.admin)
+        new = self._validate(intent)
         limit = services.settings.owner_max_pending
         if limit is not None and self.owner is not None:  # as _quota_applies, with both narrowed
             if self._pending is None:
@@ -241,6 +260,12 @@ class SubmitTransaction:
             self._pending += 1
         self.results.append(result)
         return result
+
+    def _validate(self, intent: TaskIntent) -> NewTask:
+        services = self.submitter.services
+        return validate(
+            intent, services.registry, services.settings, self.owner, admin=self.admin, public=self.public
+        )
 
     async def add_valid(self, news: Sequence[NewTask]) -> list[Submitted]:
         """Insert intents already validated, in one statement (in order); no quota check."""
@@ -264,9 +289,7 @@ class SubmitTransaction:
         checked: list[NewTask | InvalidTask] = []
         for intent in intents:
             try:
-                checked.append(
-                    validate(intent, services.registry, services.settings, self.owner, admin=self.admin)
-                )
+                checked.append(self._validate(intent))
             except InvalidTask as exc:
                 checked.append(exc)
         added = iter(await self.add_valid([c for c in checked if isinstance(c, NewTask)]))
@@ -314,11 +337,12 @@ class Submitter:
 
     @asynccontextmanager
     async def transaction(
-        self, owner: str | None = None, *, admin: bool = True
+        self, owner: str | None = None, *, admin: bool = True, public: bool = False
     ) -> AsyncIterator[SubmitTransaction]:
-        """``admin=False`` for callers acting for an ordinary API key (diagnostics policy)."""
+        """``admin=False`` for callers acting for an ordinary API key (diagnostics policy);
+        ``public=True`` for POST /tasks and `dtask submit` (internal types refused)."""
         async with self.services.engine.connect() as conn, conn.begin():
-            tx = SubmitTransaction(self, conn, owner, admin)
+            tx = SubmitTransaction(self, conn, owner, admin, public)
             yield tx
             new = [r for r in tx.results if r.duplicate_of is None]
             # What capacity can take now (these tasks or older ones) is stamped in this same
@@ -334,15 +358,18 @@ class Submitter:
         *,
         admin: bool = True,
         idempotency: Idempotency | None = None,
+        public: bool = False,
     ) -> Submitted:
         """Store one intent and publish it. Concurrent calls share a transaction (group commit),
         except with an Idempotency-Key or an owner quota, whose checks lock per request."""
         settings = self.services.settings
         grouped = settings.submit_group_max > 1 and not _quota_applies(settings, owner)
         if idempotency is None and grouped:
-            new = validate(intent, self.services.registry, settings, owner, admin=admin)
+            new = validate(intent, self.services.registry, settings, owner, admin=admin, public=public)
             return await self._group()(new)
-        [outcome] = await self._submit([intent], owner, admin, idempotency, all_or_nothing=True)
+        [outcome] = await self._submit(
+            [intent], owner, admin, idempotency, all_or_nothing=True, public=public
+        )
         if isinstance(outcome, InvalidTask):  # only a replayed refusal gets here
             raise outcome
         return outcome
@@ -354,11 +381,12 @@ class Submitter:
         *,
         admin: bool = True,
         idempotency: Idempotency | None = None,
+        public: bool = False,
     ) -> list[Submitted | InvalidTask]:
         """Validate each entry; the valid ones commit in one transaction and publish in one pass."""
         if len(intents) > MAX_BATCH:
             raise InvalidTask("tasks", f"at most {MAX_BATCH} tasks per batch")
-        return await self._submit(intents, owner, admin, idempotency, all_or_nothing=False)
+        return await self._submit(intents, owner, admin, idempotency, all_or_nothing=False, public=public)
 
     async def _submit(
         self,
@@ -368,9 +396,10 @@ class Submitter:
         idempotency: Idempotency | None,
         *,
         all_or_nothing: bool,
+        public: bool,
     ) -> list[Submitted | InvalidTask]:
         repo = self.services.repo
-        async with self.transaction(owner, admin=admin) as tx:
+        async with self.transaction(owner, admin=admin, public=public) as tx:
             outcomes: list[Submitted | InvalidTask] = []
             if idempotency is not None:
                 earlier = await repo.take_idempotency_key(

@@ -7,13 +7,16 @@ from tasks_core.registry import TaskSpec
 
 GENERATE = "evaluation.generate_dataset"
 RUN = "evaluation.run"
+# Both are made by the /evaluation routes with the dataset or run row they fill.
 _DATASET_HOOKS: dict[str, Any] = {
     "on_success": "domains.evaluation.hooks:dataset_success",
     "on_failure": "domains.evaluation.hooks:dataset_failure",
+    "internal": True,
 }
 _RUN_HOOKS: dict[str, Any] = {
     "on_success": "domains.evaluation.hooks:run_success",
     "on_failure": "domains.evaluation.hooks:run_failure",
+    "internal": True,
 }
 
 SPECS = (

@@ -20,5 +20,6 @@ SPECS = (
         payload=BuildPayload,
         on_success="domains.graph.hooks:on_success",
         on_failure="domains.graph.hooks:on_failure",
+        internal=True,  # made by POST /graph/{base_id}/build with its build row
     ),
 )

@@ -21,6 +21,8 @@ _COMMON: dict[str, Any] = {
     # the next attempt starts the file over. A file that cannot be parsed is not retried.
     "retry_safe": True,
     "max_attempts": MAX_ATTEMPTS,
+    # Made by the upload and reindex routes with the file rows they work on.
+    "internal": True,
 }
 
 SPECS = (

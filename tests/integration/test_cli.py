@@ -363,3 +363,8 @@ def test_worker_refuses_a_pool_it_does_not_support(fresh: None) -> None:
     # gevent/eventlet would each need a loop per greenlet; only prefork, threads and solo are run.
     out = dtask("worker", "--pool", "gevent")
     assert out.exit_code == 2 and "use prefork, threads, solo" in out.output
+
+
+def test_submit_refuses_a_domains_own_type(fresh: None) -> None:
+    out = dtask("submit", "knowledge.ingest", "--payload", '{"file_id": "' + "0" * 32 + '"}')
+    assert out.exit_code == 2 and "created by their domain's own routes" in out.output

@@ -75,3 +75,28 @@ async def test_task_types_in_openapi(client: Any) -> None:
     doc = (await client.get("/openapi.json")).json()
     assert "/task-types" in doc["paths"]
     assert "HTTPBearer" in doc["components"]["securitySchemes"]
+
+
+INTERNAL = (
+    "knowledge.ingest", "knowledge.reindex", "evaluation.generate_dataset", "evaluation.run", "graph.build"
+)
+
+
+@pytest.mark.parametrize("task_type", INTERNAL)
+async def test_a_domains_own_types_cannot_be_submitted_directly(
+    client: httpx.AsyncClient, task_type: str
+) -> None:
+    """They name rows of their domain (another tenant's file, say): only the domain's routes create
+    them, with those rows. Every key, admin included, is refused, and nothing is stored."""
+    payloads = {"knowledge.reindex": {"base_id": "0" * 32}, "graph.build": {"build_id": "0" * 32}}
+    body = {"task_type": task_type, "payload": payloads.get(task_type, {"file_id": "0" * 32})}
+    for key in (ALICE, ROOT):
+        r = await client.post("/tasks", json=body, headers=key)
+        assert r.status_code == 403, r.text
+        assert "created by their domain's own routes" in r.text
+        r = await client.post("/tasks/batch", json={"tasks": [body]}, headers=key)
+        assert r.status_code == 202 and r.json()["results"][0]["error"]["code"] == "forbidden", r.text
+    assert (await client.get("/tasks", headers=ROOT)).json()["items"] == []
+    listed = {t["task_type"]: t for t in (await client.get("/task-types", headers=ROOT)).json()}
+    assert listed[task_type]["internal"] is True
+    assert listed["diagnostics.noop"]["internal"] is False
