@@ -70,3 +70,37 @@ async def test_with_s3_stalled_an_upload_answers_503_in_time_and_stores_nothing(
             assert health.status_code == 200
         assert await scalar(svc, "SELECT count(*) FROM knowledge_files") == 0
         assert await scalar(svc, "SELECT count(*) FROM tasks") == 0
+
+
+async def test_deleting_a_base_while_its_file_indexes_ends_the_task_cancelled_not_failed(
+    knowledge_stores: dict[str, str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delete drops the collection under the running ingest: its next Milvus call fails. That
+    is the delete's doing, not an outage: the task ends cancelled (the delete asked for it), the
+    file is skipped, and no collection comes back for the deleted base."""
+    from tasks_core.runtime import run_task
+    from tests.knowledge_helpers import milvus_client, paragraphs
+
+    gate = tmp_path / "embed-gate"
+    gate.touch()
+    monkeypatch.setenv("DTASK_EMBEDDER", "tests.knowledge_embedders:GateEmbedder")
+    monkeypatch.setenv("DTASK_TEST_EMBED_GATE", str(gate))
+    # A lease long enough that the heartbeat does not see the cancel before the handler meets the
+    # dropped collection (the order the delete produced in production).
+    async with knowledge_api(lease_seconds=30) as (client, svc):
+        base = await create_base(client)
+        words = [f"word{i}" for i in range(50)]
+        r = await upload(client, base, [("long.md", paragraphs(words, 150).encode())])
+        entry = r.json()["files"][0]
+        running = asyncio.create_task(run_task(svc, entry["task_id"]))
+        for _ in range(600):
+            if await asyncio.to_thread((tmp_path / "embed-gate.entered").exists):
+                break
+            await asyncio.sleep(0.05)
+        r = await client.delete(f"/knowledge/bases/{base}", headers=ALICE)
+        assert r.status_code == 204, r.text
+        gate.unlink()
+        outcome = await asyncio.wait_for(running, 60)
+        task = (await client.get(f"/tasks/{entry['task_id']}", headers=ALICE)).json()
+        assert (outcome.status, task["status"], task["error"]["code"]) == ("cancelled",) * 3, task
+        assert not milvus_client(knowledge_stores).has_collection(f"kb_{base}")
