@@ -37,8 +37,6 @@ RETRY_AFTER_SECONDS = 5
 PUBLIC_PATHS = ("/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc")
 # Routes that check credentials themselves (the metrics token; the dashboard's sign-in cookie).
 OWN_AUTH_PREFIXES = ("/metrics", "/ui")
-# Path prefixes whose request bodies may exceed DTASK_MAX_REQUEST_BYTES (domains add uploads here).
-PATH_LIMITS: dict[str, int] = {}
 
 
 def _safe_scalar(value: Any) -> Any:
@@ -115,13 +113,13 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.include_router(evaluation_routes.router)
     app.include_router(graph_routes.router)
     # Authenticate before reading any body; a batch may carry up to 1,000 payloads (each also
-    # checked against its own limit).
+    # checked against its own limit). Only the upload route takes larger bodies.
     app.add_middleware(
         Guard,
         keys=app.state.keys,
         limit=settings.max_request_bytes,
         public=PUBLIC_PATHS,
         own_auth=OWN_AUTH_PREFIXES,
-        path_limits={**PATH_LIMITS, **knowledge_routes.path_limits(settings)},
+        routes=knowledge_routes.body_routes(settings),
     )
     return app

@@ -46,9 +46,20 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(default=16 * 1024 * 1024, ge=1)
     # Files per upload request: the batch limit of one submission transaction.
     max_upload_files: int = Field(default=1000, ge=1, le=1000)
-    # A whole multipart upload body. The api holds a body in memory before parsing it, so this
-    # (not files x per-file size) bounds what one request costs; larger bodies get 413 unread.
+    # A whole multipart upload body (only POST /knowledge/bases/{id}/files takes more than
+    # DTASK_MAX_REQUEST_BYTES); larger bodies get 413, unread when declared. Files stream through a
+    # spool (on disk past 1 MB) to the object store, so this costs the api disk, not memory.
     max_upload_request_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
+    # Upload requests one api process reads at once. Each costs up to about 40 MB of memory while
+    # its files go to the object store (the client's part buffers) and its body in spool files;
+    # more lets more clients upload at once, fewer bounds the api's memory and disk tighter. One
+    # over it waits up to DTASK_UPLOAD_WAIT_SECONDS for a turn, then gets 503 with Retry-After,
+    # before its body is read.
+    max_concurrent_uploads: int = Field(default=4, ge=1)
+    # How long an upload over DTASK_MAX_CONCURRENT_UPLOADS waits for a turn. Longer rides out a
+    # burst; shorter tells the client sooner to come back (an upload holds its turn for as long as
+    # its client takes to send the body).
+    upload_wait_seconds: float = Field(default=5.0, gt=0, allow_inf_nan=False)
 
     # Lease: how long an owner may stay silent before another worker may recover its task.
     # Shorter recovers faster after a crash; longer tolerates longer GC/IO stalls and costs fewer
