@@ -113,7 +113,8 @@ class BodyRoute:
 
 
 class Guard:
-    """ASGI middleware: authenticate first, then pass the body on within a size limit.
+    """ASGI middleware: authenticate first, then pass the body on within a size limit and a
+    deadline per read.
 
     ``public`` paths (health, OpenAPI) skip authentication, ``own_auth`` prefixes (the dashboard,
     /metrics) authenticate in their routes; both still get the body limit. ``routes`` give larger
@@ -127,11 +128,12 @@ class Guard:
         *,
         keys: KeyRing,
         limit: int,
+        body_timeout: float,
         public: Iterable[str] = (),
         own_auth: Iterable[str] = (),
         routes: Iterable[BodyRoute] = (),
     ) -> None:
-        self.app, self.keys, self.limit = app, keys, limit
+        self.app, self.keys, self.limit, self.body_timeout = app, keys, limit, body_timeout
         self.public = frozenset(public)
         self.own_auth = tuple(own_auth)
         # Semaphores bind to the event loop they first wait in: the one serving requests.
@@ -147,7 +149,7 @@ class Guard:
             return
         path: str = scope["path"]
         found = self._route_for(scope)
-        body = _Body(scope, receive, send, found[0].max_bytes if found else self.limit)
+        body = _Body(scope, receive, send, found[0].max_bytes if found else self.limit, self.body_timeout)
         if path not in self.public and not path.startswith(self.own_auth):
             token = bearer_token(scope["headers"])
             principal = self.keys.authenticate(token) if token else None
@@ -180,11 +182,12 @@ BUSY_RETRY_AFTER = 5  # seconds
 
 
 class _Body:
-    """One request's body on its way to the app: counted against ``limit``, 413 as soon as it is
-    over, raised as HTTPException, which the app's handlers answer like any refusal."""
+    """One request's body on its way to the app: counted against ``limit`` (413 as soon as it is
+    over) and each read given ``timeout`` seconds (408), both raised as HTTPException, which the
+    app's handlers answer like any refusal."""
 
-    def __init__(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
-        self._receive, self._send, self.limit = receive, send, limit
+    def __init__(self, scope: Scope, receive: Receive, send: Send, limit: int, timeout: float) -> None:
+        self._receive, self._send, self.limit, self.timeout = receive, send, limit, timeout
         headers = dict(scope["headers"])
         length = headers.get(b"content-length")
         self.declared = int(length) if length is not None and length.isdigit() else None
@@ -192,9 +195,12 @@ class _Body:
         self.received = 0
 
     async def receive(self) -> Message:
-        message = await self._receive()
         if self.done:
-            return message  # after the body: the disconnect
+            return await self._receive()  # after the body: the disconnect, whenever it comes
+        try:
+            message = await asyncio.wait_for(self._receive(), self.timeout)
+        except TimeoutError:
+            raise HTTPException(408, "request body not received in time") from None
         if message["type"] == "http.request":
             self.received += len(message.get("body", b""))
             if self.received > self.limit:
@@ -206,7 +212,7 @@ class _Body:
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start" and not self.done:
-            # Answered before the whole body came (401, 413, a route that never reads it):
+            # Answered before the whole body came (401, 413, 408, a route that never reads it):
             # close the connection, or uvicorn would keep it open for a client still sending a
             # body nobody reads.
             message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}

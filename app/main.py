@@ -1,4 +1,5 @@
-"""The FastAPI application (`dtask api`, or `uvicorn --factory app.main:create_app`)."""
+"""The FastAPI application (`dtask api`, or `uvicorn --factory app.main:create_app`, best with
+`--http app.server:HeaderDeadlineProtocol --limit-concurrency N`, as `dtask api` runs it)."""
 
 from __future__ import annotations
 
@@ -118,6 +119,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         Guard,
         keys=app.state.keys,
         limit=settings.max_request_bytes,
+        body_timeout=settings.api_body_timeout_seconds,
         public=PUBLIC_PATHS,
         own_auth=OWN_AUTH_PREFIXES,
         routes=knowledge_routes.body_routes(settings),

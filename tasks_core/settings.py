@@ -145,6 +145,21 @@ class Settings(BaseSettings):
     # Whole HTTP request bodies: 1,000 batch entries of ~8 KiB each. Larger ones get 413, unread
     # and before anything is parsed (an unauthenticated one gets 401 before any byte is read).
     max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
+    # How long the api waits for each next piece of a request body before it answers 408 and
+    # closes the connection: a client that stalls mid-body cannot hold a connection (or an upload
+    # turn) for ever. Longer forgives worse networks; shorter frees stalled connections sooner.
+    # It bounds each wait, not the whole body: a slow but steady upload is never cut.
+    api_body_timeout_seconds: float = Field(default=10.0, gt=0, allow_inf_nan=False)
+    # How long a client has to send a request's headers, from its connection (or the request's
+    # first byte, on a kept-alive connection) on; then `dtask api` closes the connection. uvicorn
+    # has no such deadline, so a client sending headers a byte at a time held a connection for
+    # ever. Honest clients send headers in one packet: a few seconds is plenty.
+    api_header_timeout_seconds: float = Field(default=10.0, gt=0, allow_inf_nan=False)
+    # Connections and requests one `dtask api` process serves at once (uvicorn's limit_concurrency):
+    # past it, requests get 503 at once. Every connection counts, idle kept-alive ones (5 s) too.
+    # More serves bigger bursts; fewer bounds what a flood costs: each request may hold up to
+    # DTASK_MAX_REQUEST_BYTES of JSON body while it is parsed.
+    api_limit_concurrency: int = Field(default=500, ge=1)
 
     # Comma-separated extra spec modules (each defines SPECS), for task types outside this repo.
     extra_task_modules: str = ""
