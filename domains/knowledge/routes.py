@@ -60,6 +60,9 @@ from tasks_core.submission import InvalidTask, Submitter, TaskIntent
 PREFIX = "/knowledge"
 # Multipart framing around the files: headers, boundaries, field names.
 MULTIPART_OVERHEAD = 64 * 1024
+# Bidirectional controls (embeddings, overrides, isolates, marks) reorder how a name is shown:
+# "invoice\u202etxt.exe" reads "invoiceexe.txt". They are dropped from uploaded names.
+BIDI_CONTROLS = dict.fromkeys([*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C])
 # Originals put to the bucket at once per upload request.
 PUT_CONCURRENCY = 8
 RETRY_AFTER = {"Retry-After": "5"}
@@ -241,7 +244,7 @@ async def upload_files(
     accepted: list[tuple[str, str, BinaryIO, int]] = []  # (filename, type, spooled file, size)
     unsupported: list[str] = []
     for upload in files:
-        name = (upload.filename or "").replace("\\", "/").rsplit("/", 1)[-1]
+        name = (upload.filename or "").translate(BIDI_CONTROLS).replace("\\", "/").rsplit("/", 1)[-1]
         if not name or len(name) > 255 or "\x00" in name:
             raise _invalid("files", "every file needs a name of 1-255 characters")
         file_type = file_type_of(name)
