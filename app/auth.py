@@ -149,30 +149,30 @@ class Guard:
             return
         path: str = scope["path"]
         found = self._route_for(scope)
-        body = _Body(scope, receive, send, found[0].max_bytes if found else self.limit, self.body_timeout)
+        body = _Body(scope, receive, found[0].max_bytes if found else self.limit, self.body_timeout)
         if path not in self.public and not path.startswith(self.own_auth):
             token = bearer_token(scope["headers"])
             principal = self.keys.authenticate(token) if token else None
             if principal is None:
                 challenge = [(b"www-authenticate", b"Bearer")]
-                await _answer(body.send, 401, "missing or invalid API key", challenge)
+                await _answer(send, 401, "missing or invalid API key", challenge)
                 return
             scope.setdefault("state", {})["principal"] = principal
         if body.declared is not None and body.declared > body.limit:
-            await _answer(body.send, 413, TOO_LARGE)
+            await _answer(send, 413, TOO_LARGE)
             return
         if found is None:
-            await self.app(scope, body.receive, body.send)
+            await self.app(scope, body.receive, send)
             return
         route, slots = found
         try:
             await asyncio.wait_for(slots.acquire(), route.wait_seconds)
         except TimeoutError:
             detail = "too many requests like this one at once; try again shortly"
-            await _answer(body.send, 503, detail, [(b"retry-after", str(BUSY_RETRY_AFTER).encode())])
+            await _answer(send, 503, detail, [(b"retry-after", str(BUSY_RETRY_AFTER).encode())])
             return
         try:
-            await self.app(scope, body.receive, body.send)
+            await self.app(scope, body.receive, send)
         finally:
             slots.release()
 
@@ -183,11 +183,11 @@ BUSY_RETRY_AFTER = 5  # seconds
 
 class _Body:
     """One request's body on its way to the app: counted against ``limit`` (413 as soon as it is
-    over) and each read given ``timeout`` seconds (408), both raised as HTTPException, which the
-    app's handlers answer like any refusal."""
+    over) and each read given ``timeout`` seconds (408, closing the connection), both raised as
+    HTTPException, which the app's handlers answer like any refusal."""
 
-    def __init__(self, scope: Scope, receive: Receive, send: Send, limit: int, timeout: float) -> None:
-        self._receive, self._send, self.limit, self.timeout = receive, send, limit, timeout
+    def __init__(self, scope: Scope, receive: Receive, limit: int, timeout: float) -> None:
+        self._receive, self.limit, self.timeout = receive, limit, timeout
         headers = dict(scope["headers"])
         length = headers.get(b"content-length")
         self.declared = int(length) if length is not None and length.isdigit() else None
@@ -200,7 +200,7 @@ class _Body:
         try:
             message = await asyncio.wait_for(self._receive(), self.timeout)
         except TimeoutError:
-            raise HTTPException(408, "request body not received in time") from None
+            raise HTTPException(408, "request body not received in time", {"Connection": "close"}) from None
         if message["type"] == "http.request":
             self.received += len(message.get("body", b""))
             if self.received > self.limit:
@@ -209,14 +209,6 @@ class _Body:
         else:
             self.done = True
         return message
-
-    async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start" and not self.done:
-            # Answered before the whole body came (401, 413, 408, a route that never reads it):
-            # close the connection, or uvicorn would keep it open for a client still sending a
-            # body nobody reads.
-            message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
-        await self._send(message)
 
 
 async def _answer(

@@ -1,5 +1,5 @@
 """The FastAPI application (`dtask api`, or `uvicorn --factory app.main:create_app`, best with
-`--http app.server:HeaderDeadlineProtocol --limit-concurrency N`, as `dtask api` runs it)."""
+`--http app.server:DeadlineProtocol --limit-concurrency N`, as `dtask api` runs it)."""
 
 from __future__ import annotations
 

@@ -243,7 +243,7 @@ def api(
         workers=workers,
         # By name, as the app is: tasks_core does not import app. Slow clients are cut off: the
         # headers here, the body in the app.
-        http="app.server:HeaderDeadlineProtocol",
+        http="app.server:DeadlineProtocol",
         limit_concurrency=settings.api_limit_concurrency,
     )
 

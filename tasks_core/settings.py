@@ -50,11 +50,11 @@ class Settings(BaseSettings):
     # DTASK_MAX_REQUEST_BYTES); larger bodies get 413, unread when declared. Files stream through a
     # spool (on disk past 1 MB) to the object store, so this costs the api disk, not memory.
     max_upload_request_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
-    # Upload requests one api process reads at once. Each costs up to about 40 MB of memory while
-    # its files go to the object store (the client's part buffers) and its body in spool files;
-    # more lets more clients upload at once, fewer bounds the api's memory and disk tighter. One
-    # over it waits up to DTASK_UPLOAD_WAIT_SECONDS for a turn, then gets 503 with Retry-After,
-    # before its body is read.
+    # Upload requests one api process reads at once. Each holds its body in spool files (disk
+    # past 1 MB) and, while its files go to the object store, up to 8 parts of 5 MiB in memory
+    # (measured: about 10 MB for one 60 MB file). More lets more clients upload at once; fewer
+    # bounds the api's memory and disk tighter. One over it waits up to DTASK_UPLOAD_WAIT_SECONDS
+    # for a turn, then gets 503 with Retry-After, before its body is read.
     max_concurrent_uploads: int = Field(default=4, ge=1)
     # How long an upload over DTASK_MAX_CONCURRENT_UPLOADS waits for a turn. Longer rides out a
     # burst; shorter tells the client sooner to come back (an upload holds its turn for as long as
@@ -146,9 +146,10 @@ class Settings(BaseSettings):
     # and before anything is parsed (an unauthenticated one gets 401 before any byte is read).
     max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
     # How long the api waits for each next piece of a request body before it answers 408 and
-    # closes the connection: a client that stalls mid-body cannot hold a connection (or an upload
-    # turn) for ever. Longer forgives worse networks; shorter frees stalled connections sooner.
-    # It bounds each wait, not the whole body: a slow but steady upload is never cut.
+    # closes the connection (and, under `dtask api`, of a body it answered before reading, 401,
+    # 413 or 503, before it closes): a client that stalls mid-body cannot hold a connection, or an
+    # upload turn, for ever. Longer forgives worse networks; shorter frees stalled connections
+    # sooner. It bounds each wait, not the whole body: a slow but steady upload is never cut.
     api_body_timeout_seconds: float = Field(default=10.0, gt=0, allow_inf_nan=False)
     # How long a client has to send a request's headers, from its connection (or the request's
     # first byte, on a kept-alive connection) on; then `dtask api` closes the connection. uvicorn

@@ -123,3 +123,19 @@ def test_only_the_upload_route_takes_upload_sized_bodies(api: tuple[int, int]) -
         timeout=30,
     )
     assert r.status_code in (404, 503), r.text
+
+
+def test_a_client_that_sends_its_whole_body_before_reading_gets_the_answer(api: tuple[int, int]) -> None:
+    """Refused before its body is read (here 401), a client that finishes sending before it
+    reads, as most do, still reads the answer: the server discards the rest of the body as it
+    comes rather than resetting the connection under it."""
+    port, _ = api
+    size = 16 * MB
+    head = f"POST /tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {size}\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(f"{head}\r\n".encode())
+        piece = b"x" * 65536
+        for _ in range(size // len(piece)):
+            sock.sendall(piece)
+        answer = sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 401"), answer[:200]

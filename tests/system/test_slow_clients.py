@@ -1,6 +1,7 @@
 """Slow clients against a real `dtask api` process over raw sockets: a client that is slow to send
-its headers, or stalls in its body, is disconnected by the server within its timeout, while
-normal requests go on answering; past DTASK_API_LIMIT_CONCURRENCY connections, requests get 503."""
+its headers, or stalls in its body (read, or discarded after an early answer), is disconnected by
+the server within its timeout, while normal requests go on answering; past
+DTASK_API_LIMIT_CONCURRENCY connections, requests get 503."""
 
 from __future__ import annotations
 
@@ -88,6 +89,10 @@ def test_slow_headers_and_stalled_bodies_are_cut_off_while_normal_requests_answe
         "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
     ).encode()
     slow_bodies = [Client(port, head, 3.0) for _ in range(CLIENTS)]
+    # The same without a key: answered 401 at once, then the rest of the body is awaited (so a
+    # client that sends all of it before reading still reads the answer), a piece at a time.
+    unread = head.replace(f"Authorization: Bearer {SECRET}\r\n".encode(), b"")
+    answered_early = [Client(port, unread, 3.0) for _ in range(CLIENTS)]
 
     # Meanwhile the api answers everyone else.
     assert httpx.get(f"{api}/healthz", timeout=10).status_code == 200
@@ -96,16 +101,18 @@ def test_slow_headers_and_stalled_bodies_are_cut_off_while_normal_requests_answe
     )
     assert r.status_code == 422, r.text
 
-    _poll_until_closed(slow_headers + slow_bodies, max(HEADER_TIMEOUT, BODY_TIMEOUT) + MARGIN)
-    for kind, clients, timeout in (
-        ("slow-header", slow_headers, HEADER_TIMEOUT),
-        ("stalled-body", slow_bodies, BODY_TIMEOUT),
+    everyone = slow_headers + slow_bodies + answered_early
+    _poll_until_closed(everyone, max(HEADER_TIMEOUT, BODY_TIMEOUT) + MARGIN)
+    for kind, clients, timeout, answer in (
+        ("slow-header", slow_headers, HEADER_TIMEOUT, b""),
+        ("stalled-body", slow_bodies, BODY_TIMEOUT, b"HTTP/1.1 408"),
+        ("answered-early", answered_early, BODY_TIMEOUT, b"HTTP/1.1 401"),
     ):
         still_open = sum(c.closed_after is None for c in clients)
         assert not still_open, f"{still_open} {kind} connections still open after {timeout + MARGIN} s"
         # Closed by the timeout, not before it.
         assert min(c.closed_after or 0 for c in clients) >= timeout * 0.9, kind
-    assert all(c.answer.startswith(b"HTTP/1.1 408") for c in slow_bodies), slow_bodies[0].answer[:200]
+        assert all(c.answer.startswith(answer) for c in clients), (kind, clients[0].answer[:200])
     assert httpx.get(f"{api}/healthz", timeout=10).status_code == 200
 
 
