@@ -200,7 +200,8 @@ class _Body:
         try:
             message = await asyncio.wait_for(self._receive(), self.timeout)
         except TimeoutError:
-            raise HTTPException(408, "request body not received in time", {"Connection": "close"}) from None
+            detail = "request body not received in time"
+            raise HTTPException(408, detail, headers={"Connection": "close"}) from None
         if message["type"] == "http.request":
             self.received += len(message.get("body", b""))
             if self.received > self.limit:

@@ -83,7 +83,8 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self.cycle.more_body and not self.transport.is_closing():  # answered before the body came
+        answered_early = self.cycle.response_complete and self.cycle.more_body  # not a pipelined next one
+        if answered_early and not self.transport.is_closing():
             self._set(self._body_timeout, self._discarded_body_late)
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -241,8 +241,8 @@ def api(
         host=host,
         port=port,
         workers=workers,
-        # By name, as the app is: tasks_core does not import app. Slow clients are cut off: the
-        # headers here, the body in the app.
+        # By name, like the app: tasks_core does not import app. It adds the deadlines for slow
+        # clients that uvicorn lacks (the body the app reads has its own, in the app).
         http="app.server:DeadlineProtocol",
         limit_concurrency=settings.api_limit_concurrency,
     )

@@ -142,8 +142,9 @@ class Settings(BaseSettings):
     # A publish to the broker gives up after this long (the task stays pending and says why; the
     # publisher re-sends it): a paused Redis must not hold a submission.
     publish_timeout_seconds: float = Field(default=1.5, gt=0, allow_inf_nan=False)
-    # Whole HTTP request bodies: 1,000 batch entries of ~8 KiB each. Larger ones get 413, unread
-    # and before anything is parsed (an unauthenticated one gets 401 before any byte is read).
+    # Whole HTTP request bodies: 1,000 batch entries of ~8 KiB each. Larger ones get 413 before
+    # anything is parsed: unread when declared, as soon as they pass it when chunked (an
+    # unauthenticated one gets 401 before any byte is read).
     max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
     # How long the api waits for each next piece of a request body before it answers 408 and
     # closes the connection (and, under `dtask api`, of a body it answered before reading, 401,

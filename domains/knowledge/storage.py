@@ -68,9 +68,9 @@ class ObjectStore:
         await self._call(self.client.bucket_exists, self.bucket)
 
     async def put(self, key: str, stream: BinaryIO, length: int, content_type: str) -> None:
-        """Store ``length`` bytes read from ``stream``. The client reads and sends one part (5 MiB)
-        at a time, one after another: a file's parts in parallel would hold several in memory,
-        and an upload already sends its files in parallel."""
+        """Store ``length`` bytes read from ``stream``. The client reads and sends one part at a
+        time (5 MiB, or a smaller file whole), one after another: a file's parts in parallel would
+        hold several in memory, and an upload already sends its files in parallel."""
         await self._call(
             self.client.put_object,
             self.bucket,
