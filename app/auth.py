@@ -4,14 +4,17 @@ Secrets are compared in constant time and never logged; a task records the key *
 submitted it, and a non-admin key sees only its own tasks.
 
 ``Guard`` authenticates every non-public request *before* its body is read (an anonymous 32 MiB
-body must not cost the api memory or event-loop time), then reads the body against a size limit
-and answers 413 itself, so an over-limit chunked body can never surface as a parsing error.
+body must not cost the api memory or event-loop time), then hands the body to the app as it
+arrives, counting it against the route's limit: 413 as soon as it is over, so an over-limit
+chunked body never surfaces as a parsing error, and no body is held in memory here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -95,12 +98,28 @@ def bearer_token(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class BodyRoute:
+    """A route that takes larger bodies than Guard's default: requests of ``method`` whose path
+    matches ``path`` (the route's own pattern) may send up to ``max_bytes``. At most ``slots`` of
+    them are read at once in this process; a request over that waits up to ``wait_seconds`` for
+    a slot, then gets 503 with Retry-After, before any of its body is read."""
+
+    method: str
+    path: re.Pattern[str]
+    max_bytes: int
+    slots: int
+    wait_seconds: float
+
+
 class Guard:
-    """ASGI middleware: authenticate first, then read the body within a limit.
+    """ASGI middleware: authenticate first, then pass the body on within a size limit and a
+    deadline per read.
 
     ``public`` paths (health, OpenAPI) skip authentication, ``own_auth`` prefixes (the dashboard,
-    /metrics) authenticate in their routes; both still get the body limit. ``path_limits`` gives
-    larger limits to path prefixes that need them (file uploads).
+    /metrics) authenticate in their routes; both still get the body limit. ``routes`` give larger
+    limits, and a bound on how many such requests are read at once, to the routes that need them
+    (file uploads). The body is never buffered here: the app reads it as it arrives.
     """
 
     def __init__(
@@ -109,56 +128,88 @@ class Guard:
         *,
         keys: KeyRing,
         limit: int,
+        body_timeout: float,
         public: Iterable[str] = (),
         own_auth: Iterable[str] = (),
-        path_limits: dict[str, int] | None = None,
+        routes: Iterable[BodyRoute] = (),
     ) -> None:
-        self.app, self.keys, self.limit = app, keys, limit
+        self.app, self.keys, self.limit, self.body_timeout = app, keys, limit, body_timeout
         self.public = frozenset(public)
         self.own_auth = tuple(own_auth)
-        self.path_limits = sorted((path_limits or {}).items(), key=lambda kv: -len(kv[0]))
+        # Semaphores bind to the event loop they first wait in: the one serving requests.
+        self._routes = [(route, asyncio.Semaphore(route.slots)) for route in routes]
 
-    def _limit_for(self, path: str) -> int:
-        return next((n for prefix, n in self.path_limits if path.startswith(prefix)), self.limit)
+    def _route_for(self, scope: Scope) -> tuple[BodyRoute, asyncio.Semaphore] | None:
+        method, path = scope["method"], scope["path"]
+        return next(((r, s) for r, s in self._routes if r.method == method and r.path.match(path)), None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         path: str = scope["path"]
+        found = self._route_for(scope)
+        body = _Body(scope, receive, found[0].max_bytes if found else self.limit, self.body_timeout)
         if path not in self.public and not path.startswith(self.own_auth):
             token = bearer_token(scope["headers"])
-            found = self.keys.authenticate(token) if token else None
-            if found is None:
-                await _answer(send, 401, "missing or invalid API key", [(b"www-authenticate", b"Bearer")])
+            principal = self.keys.authenticate(token) if token else None
+            if principal is None:
+                challenge = [(b"www-authenticate", b"Bearer")]
+                await _answer(send, 401, "missing or invalid API key", challenge)
                 return
-            scope.setdefault("state", {})["principal"] = found
-        limit = self._limit_for(path)
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            await _answer(send, 413, "request body too large")
+            scope.setdefault("state", {})["principal"] = principal
+        if body.declared is not None and body.declared > body.limit:
+            await _answer(send, 413, TOO_LARGE)
             return
-        body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            if len(body) > limit:
-                await _answer(send, 413, "request body too large")
-                return
-            if not message.get("more_body", False):
-                break
-        replayed = False
+        if found is None:
+            await self.app(scope, body.receive, send)
+            return
+        route, slots = found
+        try:
+            await asyncio.wait_for(slots.acquire(), route.wait_seconds)
+        except TimeoutError:
+            detail = "too many requests like this one at once; try again shortly"
+            await _answer(send, 503, detail, [(b"retry-after", str(BUSY_RETRY_AFTER).encode())])
+            return
+        try:
+            await self.app(scope, body.receive, send)
+        finally:
+            slots.release()
 
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": bytes(body), "more_body": False}
-            return await receive()  # after the body: wait for the disconnect, as servers do
 
-        await self.app(scope, replay, send)
+TOO_LARGE = "request body too large"
+BUSY_RETRY_AFTER = 5  # seconds
+
+
+class _Body:
+    """One request's body on its way to the app: counted against ``limit`` (413 as soon as it is
+    over) and each read given ``timeout`` seconds (408, closing the connection), both raised as
+    HTTPException, which the app's handlers answer like any refusal."""
+
+    def __init__(self, scope: Scope, receive: Receive, limit: int, timeout: float) -> None:
+        self._receive, self.limit, self.timeout = receive, limit, timeout
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length")
+        self.declared = int(length) if length is not None and length.isdigit() else None
+        self.done = not self.declared and b"transfer-encoding" not in headers  # no body to come
+        self.received = 0
+
+    async def receive(self) -> Message:
+        if self.done:
+            return await self._receive()  # after the body: the disconnect, whenever it comes
+        try:
+            message = await asyncio.wait_for(self._receive(), self.timeout)
+        except TimeoutError:
+            detail = "request body not received in time"
+            raise HTTPException(408, detail, headers={"Connection": "close"}) from None
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            if self.received > self.limit:
+                raise HTTPException(413, TOO_LARGE)
+            self.done = not message.get("more_body", False)
+        else:
+            self.done = True
+        return message
 
 
 async def _answer(

@@ -1,4 +1,5 @@
-"""The FastAPI application (`dtask api`, or `uvicorn --factory app.main:create_app`)."""
+"""The FastAPI application (`dtask api`, or `uvicorn --factory app.main:create_app`, best with
+`--http app.server:DeadlineProtocol --limit-concurrency N`, as `dtask api` runs it)."""
 
 from __future__ import annotations
 
@@ -37,8 +38,6 @@ RETRY_AFTER_SECONDS = 5
 PUBLIC_PATHS = ("/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc")
 # Routes that check credentials themselves (the metrics token; the dashboard's sign-in cookie).
 OWN_AUTH_PREFIXES = ("/metrics", "/ui")
-# Path prefixes whose request bodies may exceed DTASK_MAX_REQUEST_BYTES (domains add uploads here).
-PATH_LIMITS: dict[str, int] = {}
 
 
 def _safe_scalar(value: Any) -> Any:
@@ -115,13 +114,14 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.include_router(evaluation_routes.router)
     app.include_router(graph_routes.router)
     # Authenticate before reading any body; a batch may carry up to 1,000 payloads (each also
-    # checked against its own limit).
+    # checked against its own limit). Only the upload route takes larger bodies.
     app.add_middleware(
         Guard,
         keys=app.state.keys,
         limit=settings.max_request_bytes,
+        body_timeout=settings.api_body_timeout_seconds,
         public=PUBLIC_PATHS,
         own_auth=OWN_AUTH_PREFIXES,
-        path_limits={**PATH_LIMITS, **knowledge_routes.path_limits(settings)},
+        routes=knowledge_routes.body_routes(settings),
     )
     return app

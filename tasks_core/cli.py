@@ -235,7 +235,17 @@ def api(
     _schema_gate(settings)
     if not settings.api_keys:
         typer.echo("warning: DTASK_API_KEYS is empty; every request except health will get 401", err=True)
-    uvicorn.run("app.main:create_app", factory=True, host=host, port=port, workers=workers)
+    uvicorn.run(
+        "app.main:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        # By name, like the app: tasks_core does not import app. It adds the deadlines for slow
+        # clients that uvicorn lacks (the body the app reads has its own, in the app).
+        http="app.server:DeadlineProtocol",
+        limit_concurrency=settings.api_limit_concurrency,
+    )
 
 
 @cli.command()

@@ -57,9 +57,20 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(default=16 * 1024 * 1024, ge=1)
     # Files per upload request: the batch limit of one submission transaction.
     max_upload_files: int = Field(default=1000, ge=1, le=1000)
-    # A whole multipart upload body. The api holds a body in memory before parsing it, so this
-    # (not files x per-file size) bounds what one request costs; larger bodies get 413 unread.
+    # A whole multipart upload body (only POST /knowledge/bases/{id}/files takes more than
+    # DTASK_MAX_REQUEST_BYTES); larger bodies get 413, unread when declared. Files stream through a
+    # spool (on disk past 1 MB) to the object store, so this costs the api disk, not memory.
     max_upload_request_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
+    # Upload requests one api process reads at once. Each holds its body in spool files (disk
+    # past 1 MB) and, while its files go to the object store, up to 8 parts of 5 MiB in memory
+    # (measured: about 10 MB for one 60 MB file). More lets more clients upload at once; fewer
+    # bounds the api's memory and disk tighter. One over it waits up to DTASK_UPLOAD_WAIT_SECONDS
+    # for a turn, then gets 503 with Retry-After, before its body is read.
+    max_concurrent_uploads: int = Field(default=4, ge=1)
+    # How long an upload over DTASK_MAX_CONCURRENT_UPLOADS waits for a turn. Longer rides out a
+    # burst; shorter tells the client sooner to come back (an upload holds its turn for as long as
+    # its client takes to send the body).
+    upload_wait_seconds: float = Field(default=5.0, gt=0, allow_inf_nan=False)
 
     # Lease: how long an owner may stay silent before another worker may recover its task.
     # Shorter recovers faster after a crash; longer tolerates longer GC/IO stalls and costs fewer
@@ -142,9 +153,26 @@ class Settings(BaseSettings):
     # A publish to the broker gives up after this long (the task stays pending and says why; the
     # publisher re-sends it): a paused Redis must not hold a submission.
     publish_timeout_seconds: float = Field(default=1.5, gt=0, allow_inf_nan=False)
-    # Whole HTTP request bodies: 1,000 batch entries of ~8 KiB each. Larger ones get 413, unread
-    # and before anything is parsed (an unauthenticated one gets 401 before any byte is read).
+    # Whole HTTP request bodies: 1,000 batch entries of ~8 KiB each. Larger ones get 413 before
+    # anything is parsed: unread when declared, as soon as they pass it when chunked (an
+    # unauthenticated one gets 401 before any byte is read).
     max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
+    # How long the api waits for each next piece of a request body before it answers 408 and
+    # closes the connection (and, under `dtask api`, of a body it answered before reading, 401,
+    # 413 or 503, before it closes): a client that stalls mid-body cannot hold a connection, or an
+    # upload turn, for ever. Longer forgives worse networks; shorter frees stalled connections
+    # sooner. It bounds each wait, not the whole body: a slow but steady upload is never cut.
+    api_body_timeout_seconds: float = Field(default=10.0, gt=0, allow_inf_nan=False)
+    # How long a client has to send a request's headers, from its connection (or the request's
+    # first byte, on a kept-alive connection) on; then `dtask api` closes the connection. uvicorn
+    # has no such deadline, so a client sending headers a byte at a time held a connection for
+    # ever. Honest clients send headers in one packet: a few seconds is plenty.
+    api_header_timeout_seconds: float = Field(default=10.0, gt=0, allow_inf_nan=False)
+    # Connections and requests one `dtask api` process serves at once (uvicorn's limit_concurrency):
+    # past it, requests get 503 at once. Every connection counts, idle kept-alive ones (5 s) too.
+    # More serves bigger bursts; fewer bounds what a flood costs: each request may hold up to
+    # DTASK_MAX_REQUEST_BYTES of JSON body while it is parsed.
+    api_limit_concurrency: int = Field(default=500, ge=1)
 
     # Comma-separated extra spec modules (each defines SPECS), for task types outside this repo.
     extra_task_modules: str = ""

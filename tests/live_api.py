@@ -1,15 +1,24 @@
-"""A real api (uvicorn on a free loopback port, in a thread) for tests that talk HTTP to it."""
+"""A real api for tests that talk HTTP to it: uvicorn serving an app object in a thread, or
+`dtask api` itself as a child process."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+import httpx
 import uvicorn
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextmanager
@@ -30,3 +39,50 @@ def serve(app: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@contextmanager
+def api_process(**env: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`dtask api` on a free loopback port, with the test environment plus ``env`` (DTASK_*
+    settings); yields its base URL and process once /healthz answers, and stops it afterwards."""
+    from tasks_core.embedded import free_port
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile() as log:  # its output, shown when it does not start
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tasks_core.cli", "api", "--port", str(port)],
+            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    output = log.read()[-4000:].decode(errors="replace")
+                    raise AssertionError(f"dtask api did not start:\n{output}")
+                time.sleep(0.1)
+            yield url, proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak resident memory so far (VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM for {pid}")

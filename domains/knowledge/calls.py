@@ -3,14 +3,15 @@
 Every call runs in its store's own small thread pool, never the event loop's default executor: a
 stalled Milvus then ties up Milvus' threads only, while S3 calls, embedding and the handlers'
 other ``asyncio.to_thread`` work (and in the api every other route) go on. The client library
-enforces the call's deadline itself; the wait here is bounded too (the deadline plus a little),
-so a call queued behind stalled ones fails in time instead of waiting for a thread.
+enforces each request's deadline itself (pymilvus' ``timeout``, urllib3's connect and read
+timeouts), so a call that runs is bounded, however long a large transfer that keeps moving takes;
+a call that cannot even get a thread within its deadline (every thread waits on a stalled server)
+fails at once as unavailable instead of queueing behind them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,8 +22,6 @@ from domains.knowledge.errors import StoreUnavailable
 T = TypeVar("T")
 # Threads per store and process: a stall can hold this many; more calls than that wait their turn.
 THREADS = 8
-# How much longer than the client's own deadline a call may take (thread hand-over, a slow machine).
-SLACK_SECONDS = 2.0
 
 _pools: dict[str, ThreadPoolExecutor] = {}
 _pid = os.getpid()
@@ -41,13 +40,28 @@ def _pool(service: str) -> ThreadPoolExecutor:
 
 
 async def blocking(service: str, deadline: float, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``fn(*args, **kwargs)`` in ``service``'s threads; StoreUnavailable if no answer in time.
+    """``fn(*args, **kwargs)`` in ``service``'s threads; StoreUnavailable if no thread takes it
+    within ``deadline`` seconds. ``fn`` must bound its own requests (the clients' timeouts).
 
-    A call that timed out here may still complete on the server later (a put after a pause ends):
-    writes are keyed, so a late one is overwritten or cleaned up, never counted twice."""
+    A call given up on may still complete on the server later (a put after a pause ends): writes
+    are keyed, so a late one is overwritten or cleaned up, never counted twice."""
     loop = asyncio.get_running_loop()
-    future = loop.run_in_executor(_pool(service), functools.partial(fn, *args, **kwargs))
+    started = loop.create_future()
+
+    def run() -> T:
+        loop.call_soon_threadsafe(_resolve, started)
+        return fn(*args, **kwargs)
+
+    future = loop.run_in_executor(_pool(service), run)
     try:
-        return await asyncio.wait_for(future, deadline + SLACK_SECONDS)
+        await asyncio.wait_for(asyncio.shield(started), deadline)
     except TimeoutError:
-        raise StoreUnavailable(service, f"no answer within {deadline:g} s") from None
+        future.cancel()  # still queued: it never runs
+        detail = f"its {THREADS} calls in flight here have not answered; this one waited {deadline:g} s for its turn"
+        raise StoreUnavailable(service, detail) from None
+    return await future
+
+
+def _resolve(started: asyncio.Future[None]) -> None:
+    if not started.done():
+        started.set_result(None)

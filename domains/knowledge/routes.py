@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, BinaryIO
 
 from fastapi import (
     APIRouter,
@@ -26,8 +26,9 @@ from fastapi import (
     UploadFile,
 )
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 
-from app.auth import Principal
+from app.auth import BodyRoute, Principal
 from app.dependencies import Caller, Svc
 from domains.knowledge import catalog, reindexing
 from domains.knowledge.errors import CollectionMissing, StoreError, StoresNotConfigured
@@ -56,10 +57,11 @@ from tasks_core.settings import Settings
 from tasks_core.submission import InvalidTask, Submitter, TaskIntent
 
 PREFIX = "/knowledge"
-# Uploads go to /knowledge/bases/{id}/files: Guard's larger body limit applies under this prefix.
-UPLOAD_PREFIX = f"{PREFIX}/bases/"
 # Multipart framing around the files: headers, boundaries, field names.
 MULTIPART_OVERHEAD = 64 * 1024
+# Bidirectional controls (embeddings, overrides, isolates, marks) reorder how a name is shown:
+# "invoice\u202etxt.exe" reads "invoiceexe.txt". They are dropped from uploaded names.
+BIDI_CONTROLS = dict.fromkeys([*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C])
 # Originals put to the bucket at once per upload request.
 PUT_CONCURRENCY = 8
 RETRY_AFTER = {"Retry-After": "5"}
@@ -246,24 +248,22 @@ async def upload_files(
     limits: Settings = svc.settings
     if len(files) > limits.max_upload_files:
         raise _invalid("files", f"at most {limits.max_upload_files} files per request, got {len(files)}")
-    accepted: list[tuple[str, str, bytes]] = []  # (filename, type, data)
+    accepted: list[tuple[str, str, BinaryIO, int]] = []  # (filename, type, spooled file, size)
     unsupported: list[str] = []
     for upload in files:
-        name = (upload.filename or "").replace("\\", "/").rsplit("/", 1)[-1]
+        name = (upload.filename or "").translate(BIDI_CONTROLS).replace("\\", "/").rsplit("/", 1)[-1]
         if not name or len(name) > 255 or "\x00" in name:
             raise _invalid("files", "every file needs a name of 1-255 characters")
         file_type = file_type_of(name)
         if file_type is None:
             unsupported.append(name)
             continue
-        if upload.size is not None and upload.size > limits.max_upload_bytes:
+        size = upload.size or 0  # the multipart parser counts every byte it spools
+        if size > limits.max_upload_bytes:
             raise HTTPException(413, f"{name} is over the {limits.max_upload_bytes}-byte limit per file")
-        data = await upload.read()
-        if len(data) > limits.max_upload_bytes:
-            raise HTTPException(413, f"{name} is over the {limits.max_upload_bytes}-byte limit per file")
-        if not data:
+        if not size:
             raise _invalid("files", f"{name} is empty")
-        accepted.append((name, file_type, data))
+        accepted.append((name, file_type, upload.file, size))
     if unsupported:
         raise HTTPException(
             415, "unsupported file type (use .txt, .md, .html or .pdf): " + ", ".join(unsupported[:20])
@@ -275,16 +275,16 @@ async def upload_files(
     keys = [object_key(base_id, fid) for fid in ids]
     gate = asyncio.Semaphore(PUT_CONCURRENCY)
 
-    async def put(key: str, file_type: str, data: bytes) -> None:
-        async with gate:
-            await objects.put(key, data, CONTENT_TYPES[file_type])
+    async def put(key: str, file_type: str, file: BinaryIO, size: int) -> None:
+        async with gate:  # from the spool file, in parts: never a whole file in memory
+            await objects.put(key, file, size, CONTENT_TYPES[file_type])
 
     try:
         # Originals first: a task must never run before its object exists.
-        await asyncio.gather(*(put(k, t, d) for k, (_n, t, d) in zip(keys, accepted, strict=True)))
+        await asyncio.gather(*(put(k, t, f, n) for k, (_, t, f, n) in zip(keys, accepted, strict=True)))
         async with Submitter(svc).transaction(owner=base["owner"]) as tx:
             rows: list[dict[str, Any]] = []
-            for fid, (name, file_type, data) in zip(ids, accepted, strict=True):
+            for fid, (name, file_type, _, size) in zip(ids, accepted, strict=True):
                 submitted = await tx.add(TaskIntent(INGEST, {"file_id": fid}))
                 rows.append(
                     {
@@ -292,7 +292,7 @@ async def upload_files(
                         "kb_id": base_id,
                         "filename": name,
                         "file_type": file_type,
-                        "size_bytes": len(data),
+                        "size_bytes": size,
                         "task_id": submitted.task_id,
                     }
                 )
@@ -480,6 +480,16 @@ def install(app: FastAPI) -> None:
     facts.update({"milvus": _fact(milvus_fact), "object_store": _fact(object_store_fact)})
 
 
-def path_limits(settings: Settings) -> dict[str, int]:
-    """Guard's body limit for uploads: the whole multipart request, not the per-file limit."""
-    return {UPLOAD_PREFIX: settings.max_upload_request_bytes + MULTIPART_OVERHEAD}
+def body_routes(settings: Settings) -> list[BodyRoute]:
+    """Guard's rule for the upload route alone (every other route keeps DTASK_MAX_REQUEST_BYTES):
+    the whole multipart request's limit, and how many uploads one process reads at once."""
+    upload = next(r for r in router.routes if isinstance(r, APIRoute) and r.endpoint is upload_files)
+    return [
+        BodyRoute(
+            "POST",
+            upload.path_regex,
+            settings.max_upload_request_bytes + MULTIPART_OVERHEAD,
+            slots=settings.max_concurrent_uploads,
+            wait_seconds=settings.upload_wait_seconds,
+        )
+    ]

@@ -6,11 +6,10 @@ Every call blocks, so each runs in a thread. Deleting what is already gone succe
 
 from __future__ import annotations
 
-import io
 import itertools
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import urllib3
 
@@ -95,9 +94,18 @@ class ObjectStore:
     async def ping(self) -> None:
         await self._call(self.client.bucket_exists, self.bucket)
 
-    async def put(self, key: str, data: bytes, content_type: str) -> None:
+    async def put(self, key: str, stream: BinaryIO, length: int, content_type: str) -> None:
+        """Store ``length`` bytes read from ``stream``. The client reads and sends one part at a
+        time (5 MiB, or a smaller file whole), one after another: a file's parts in parallel would
+        hold several in memory, and an upload already sends its files in parallel."""
         await self._call(
-            self.client.put_object, self.bucket, key, io.BytesIO(data), len(data), content_type=content_type
+            self.client.put_object,
+            self.bucket,
+            key,
+            stream,
+            length,
+            content_type=content_type,
+            num_parallel_uploads=1,
         )
 
     async def get(self, key: str) -> bytes:

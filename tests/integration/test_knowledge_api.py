@@ -181,6 +181,30 @@ async def test_bad_input_is_refused_with_clear_statuses(knowledge_stores: dict[s
             assert task["code"] == "handler_error" and expected[row["filename"]] in task["message"]
 
 
+# Every bidirectional control: embeddings, overrides, isolates and marks.
+BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
+
+
+async def test_bidirectional_controls_are_stripped_from_filenames(knowledge_stores: dict[str, str]) -> None:
+    async with knowledge_api() as (client, svc):
+        base = await create_base(client)
+        # Shown as is, "invoice\u202etxt.md" reads "invoicedm.txt"; the controls are dropped.
+        files = [("invoice\u202etxt.md", b"words"), (f"no{BIDI}tes.txt", b"more words")]
+        r = await upload(client, base, files)
+        assert r.status_code == 202, r.text
+        assert [f["filename"] for f in r.json()["files"]] == ["invoicetxt.md", "notes.txt"]
+        for entry in r.json()["files"]:
+            row = await file_row(svc, entry["id"])
+            assert row["filename"] == entry["filename"] and row["file_type"] in ("md", "txt")
+        listed = (await client.get(f"/knowledge/bases/{base}/files", headers=ALICE)).json()["items"]
+        assert sorted(f["filename"] for f in listed) == ["invoicetxt.md", "notes.txt"]
+
+        # A name of nothing but controls is no name; nothing of that request is stored.
+        r = await upload(client, base, [("ok.txt", b"fine"), (BIDI, b"words")])
+        assert r.status_code == 422 and "needs a name" in r.json()["detail"][0]["msg"], r.text
+        assert await scalar(svc, "SELECT count(*) FROM knowledge_files") == 2
+
+
 async def test_delete_base_whose_collection_and_objects_are_gone(knowledge_stores: dict[str, str]) -> None:
     async with knowledge_api() as (client, svc):
         base = await create_base(client)
