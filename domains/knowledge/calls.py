@@ -57,7 +57,7 @@ async def blocking(service: str, deadline: float, fn: Callable[..., T], *args: A
         await asyncio.wait_for(asyncio.shield(started), deadline)
     except TimeoutError:
         future.cancel()  # still queued: it never runs
-        detail = f"its {THREADS} calls in flight here have not answered; this one waited {deadline:g} s for its turn"
+        detail = f"its {THREADS} calls in flight here have not answered; this one waited {deadline:g} s"
         raise StoreUnavailable(service, detail) from None
     return await future
 
