@@ -163,6 +163,10 @@ class Settings(BaseSettings):
     flower_basic_auth: str | None = None
     # The dashboard (/ui) links here for Celery's view of workers and messages (`dtask flower`'s default).
     flower_url: str = "http://127.0.0.1:5555"
+    # A dashboard sign-in lasts this long at most (counted from the sign-in, by PostgreSQL's clock),
+    # however busy the tab. Shorter limits what a stolen cookie is worth; longer asks for the key
+    # less often. Signing out, or removing or changing the key, ends a session at once.
+    ui_session_seconds: float = Field(default=12 * 3600.0, gt=0, le=30 * 86400, allow_inf_nan=False)
     # Where `dtask dev` keeps its embedded data, logs, ports and session key (`--data-dir`).
     dev_dir: str = ".dtask"
 
