@@ -179,7 +179,8 @@ def _ensure_database(admin_url: str) -> str:
 
 
 def _kept_port(state: DevState, name: str) -> int | None:
-    """The port ``name`` had on the last run, while it is free (else the server picks one)."""
+    """The port ``name`` had on the last run, while it is free (else the server picks one, and
+    ``_start_servers`` says so)."""
     from tasks_core.embedded import port_is_free
 
     port = state.ports.get(name)
@@ -389,7 +390,12 @@ def _start_servers(sup: Supervisor, stack: Stack) -> None:
             stack.urls.update(backing.exports(child.url))
         else:
             stack.urls[backing.var] = backing.prepare(child.url)
-        port = urlsplit(child.url).port
+        port, kept = urlsplit(child.url).port, stack.state.ports.get(backing.name)
+        if kept and port != kept:
+            _say(
+                f"{backing.name}: port {kept}, kept for this data directory, is taken by another "
+                f"program; it listens on {port} now (source {stack.root / 'env'} again)"
+            )
         if port:
             stack.state.ports[backing.name] = port
     redis_url = stack.sources["DTASK_REDIS_URL"].value

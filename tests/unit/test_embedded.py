@@ -6,10 +6,13 @@ import asyncio
 import os
 import pathlib
 import shutil
+import signal
 import stat
 import subprocess
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import asyncpg
 import pytest
@@ -238,3 +241,95 @@ def test_as_root_binaries_out_of_reach_are_copied_not_exposed(tmp_path: pathlib.
         assert _reachable_bin_dir(account, bin_dir) == copied  # copied once, then reused
     finally:
         shutil.rmtree(copied.parent)
+
+
+# --------------------------------------------------------------------------------------------- Milvus, S3
+
+
+def _eventually(what: str, check: Callable[[], object], timeout: float = 60.0) -> None:
+    """``check`` succeeds before the deadline (a client may need a moment to reconnect)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+            problem: object = "falsy"
+        except Exception as exc:
+            problem = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: still failing after {timeout:g} s: {problem!r}")
+        time.sleep(0.5)
+
+
+def test_a_killed_milvus_and_s3_come_back_on_their_ports_for_the_clients_they_had(
+    tmp_path: pathlib.Path,
+) -> None:
+    """`dtask dev`'s servers, supervised as it supervises them: after a SIGKILL each is back on its
+    port, and clients made before the crash (every api and worker process holds some) work again."""
+    import psutil
+    from minio import Minio
+    from pymilvus import MilvusClient
+
+    from tasks_core.dev import BACKING, DevState
+    from tasks_core.embedded_stores import s3_settings
+    from tasks_core.supervisor import RestartPolicy, ServerChild, Supervisor
+
+    said: list[str] = []
+    sup = Supervisor(RestartPolicy(first_delay=0.2), say=said.append, poll_seconds=0.1)
+    state = DevState.load(tmp_path)
+    stores = [b for b in BACKING if b.name in ("milvus", "s3")]
+    children = [ServerChild(b.name, b.embedded(tmp_path, state), b.answers) for b in stores]
+    runner = threading.Thread(target=sup.run)
+    try:
+        for child in children:
+            sup.start(child)
+        sup.wait_ready(children, 120)
+        milvus_url, s3_url = (str(c.url) for c in children)
+        vectors = MilvusClient(uri=milvus_url)
+        vectors.create_collection("kept", dimension=4)
+        s3 = s3_settings(s3_url)
+        endpoint, access, secret = (s3[f"DTASK_MINIO_{k}"] for k in ("ENDPOINT", "ACCESS_KEY", "SECRET_KEY"))
+        objects = Minio(endpoint, access, secret, secure=False)
+        objects.make_bucket("kept")
+        runner.start()
+        servers = {" ".join(p.cmdline()): p for p in psutil.Process().children()}
+        for needle in ("milvus_lite", "weed"):
+            (server,) = [p for cmd, p in servers.items() if needle in cmd]
+            server.kill()
+        _eventually("both back", lambda: sum(" is back " in line for line in said) == 2, timeout=120)
+        assert [c.url for c in children] == [milvus_url, s3_url], said
+        _eventually("the Milvus client", lambda: vectors.has_collection("kept"))
+        _eventually("the S3 client", lambda: objects.bucket_exists("kept"))
+        vectors.close()
+    finally:
+        sup.stop_signal = signal.SIGTERM
+        if runner.is_alive():
+            runner.join(timeout=10)
+        sup.stop_all()
+
+
+def test_dev_says_in_one_line_when_a_kept_port_is_taken(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    from tasks_core.dev import BACKING, DevState, Source, Stack, _start_servers
+    from tasks_core.supervisor import Supervisor
+
+    state = DevState.load(tmp_path)
+    # Only Redis is embedded here (the others "come from the environment" and are not started).
+    sources = {b.var: Source(None if b.name == "redis" else "configured", "the environment") for b in BACKING}
+    sources["DTASK_REDIS_URL"] = Source(None, "embedded")
+    sup = Supervisor()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        state.ports["redis"] = port  # what the last run on this data directory used
+        try:
+            _start_servers(sup, Stack(tmp_path, state, sources))
+        finally:
+            sup.stop_all()
+    said = [line for line in capsys.readouterr().err.splitlines() if str(port) in line]
+    assert len(said) == 1 and "redis" in said[0] and "taken" in said[0], said
+    assert state.ports["redis"] != port
