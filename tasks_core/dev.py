@@ -160,24 +160,6 @@ def _redis_answers(url: str) -> bool:
         client.close()
 
 
-def _ensure_database(admin_url: str) -> str:
-    """The dev database on the embedded server, created once and reused across runs."""
-    import asyncpg
-
-    from tasks_core.embedded import create_database
-
-    async def exists() -> bool:
-        conn = await asyncpg.connect(admin_url.replace("postgresql+asyncpg://", "postgresql://", 1))
-        try:
-            return bool(await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", DEV_DATABASE))
-        finally:
-            await conn.close()
-
-    if not asyncio.run(exists()):
-        return create_database(admin_url, DEV_DATABASE)
-    return admin_url.rsplit("/", 1)[0] + f"/{DEV_DATABASE}"
-
-
 def _kept_port(state: DevState, name: str) -> int | None:
     """The port ``name`` had on the last run, while it is free (else the server picks one, and
     ``_start_servers`` says so)."""
@@ -188,11 +170,13 @@ def _kept_port(state: DevState, name: str) -> int | None:
 
 
 def _embedded_postgres(root: Path, state: DevState) -> EmbeddedServer:
-    from tasks_core.embedded import EmbeddedPostgres
+    from tasks_core.embedded import EmbeddedAppDatabase, EmbeddedPostgres
 
-    return EmbeddedPostgres(
+    server = EmbeddedPostgres(
         root / "postgres", _kept_port(state, "postgres"), log_path=root / "logs" / "postgres.log"
     )
+    # Every process connects as the database's owner, never as the superuser.
+    return EmbeddedAppDatabase(server, DEV_DATABASE)
 
 
 def _embedded_redis(root: Path, state: DevState) -> EmbeddedServer:
@@ -239,15 +223,14 @@ class Backing:
     embedded: Callable[[Path, DevState], EmbeddedServer]
     answers: Callable[[str], bool]
     problem: Callable[[str], str | None]  # why a configured server does not answer
-    prepare: Callable[[str], str] = lambda url: url  # the URL to export, from the server's URL
-    # Everything to export for an embedded server (default: ``var`` = ``prepare(url)``).
+    # Everything to export for an embedded server (default: ``var`` = its URL).
     exports: Callable[[str], dict[str, str]] | None = None
 
 
 BACKING = (
     Backing(
         "postgres", "PostgreSQL", "DTASK_DATABASE_URL", lambda s: s.database_url,
-        _embedded_postgres, _postgres_answers, _database_problem, _ensure_database,
+        _embedded_postgres, _postgres_answers, _database_problem,
     ),
     Backing(
         "redis", "Redis", "DTASK_BROKER_URL", lambda s: s.broker_url,
@@ -389,7 +372,7 @@ def _start_servers(sup: Supervisor, stack: Stack) -> None:
         if backing.exports is not None:
             stack.urls.update(backing.exports(child.url))
         else:
-            stack.urls[backing.var] = backing.prepare(child.url)
+            stack.urls[backing.var] = child.url
         port, kept = urlsplit(child.url).port, stack.state.ports.get(backing.name)
         if kept and port != kept:
             _say(
@@ -511,12 +494,11 @@ def _sweep() -> None:
 
 
 def _shown(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    with contextlib.suppress(Exception):
-        if url.startswith("postgres"):
-            return make_url(url).render_as_string(hide_password=True)
-    return url
+    """``url`` without its password (the env file has it; a terminal's scrollback need not)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
 
 
 def _origin(stack: Stack, var: str, name: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
+import re
 import shutil
 import signal
 import stat
@@ -15,6 +16,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import asyncpg
+import psutil
 import pytest
 import redis
 
@@ -64,13 +66,77 @@ def pg(pg_dir: pathlib.Path) -> Iterator[EmbeddedPostgres]:
 
 def test_postgres_serves_tcp_on_loopback(pg: EmbeddedPostgres) -> None:
     url = pg.start()  # idempotent: the running server's URL
-    assert url.startswith("postgresql+asyncpg://postgres@127.0.0.1:")
-    assert url.endswith("/postgres")
+    superuser = r"postgresql\+asyncpg://postgres:[A-Za-z0-9_-]{32}@127\.0\.0\.1:\d+/postgres"
+    assert re.fullmatch(superuser, url), url
     assert reachable(url)
     assert asyncio.run(_fetchval(url, "SELECT 1")) == 1
     # Listening on loopback only, not on a unix socket.
     assert asyncio.run(_fetchval(url, "SHOW listen_addresses")) == "127.0.0.1"
     assert asyncio.run(_fetchval(url, "SHOW unix_socket_directories")) == ""
+
+
+def _without_password(url: str) -> str:
+    return re.sub(r"//([^:/@]*):[^@]+@", r"//\1@", url).replace("//@", "//")
+
+
+def _private(path: pathlib.Path) -> bool:
+    return stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_postgres_wants_the_password_kept_in_the_data_dir(
+    pg: EmbeddedPostgres, pg_dir: pathlib.Path
+) -> None:
+    url = pg.start()
+    with pytest.raises(asyncpg.InvalidPasswordError):  # no password (it used to trust every connection)
+        asyncio.run(_fetchval(_without_password(url), "SELECT 1"))
+    with pytest.raises(asyncpg.InvalidPasswordError):
+        asyncio.run(_fetchval(re.sub(r"(//[^:/@]+:)", r"\1x", url), "SELECT 1"))  # a wrong one
+    kept = pg_dir / "postgres.password"
+    assert _private(kept) and kept.read_text().strip() in url
+    assert asyncio.run(_fetchval(url, "SHOW password_encryption")) == "scram-sha-256"
+
+
+def test_the_app_database_belongs_to_a_role_that_is_no_superuser(pg: EmbeddedPostgres) -> None:
+    from tasks_core.embedded import EmbeddedAppDatabase
+
+    url = EmbeddedAppDatabase(pg, "appdb").start()
+    assert url.startswith("postgresql+asyncpg://appdb:") and url.endswith("/appdb")
+    assert asyncio.run(_fetchval(url, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user")) is False
+    owner = "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = current_database()"
+    assert asyncio.run(_fetchval(url, owner)) == "appdb"
+    asyncio.run(_execute(url, "CREATE TABLE mine (v int)"))  # migrations run as this role
+    for forbidden in ("COPY (SELECT 1) TO PROGRAM 'true'", "SELECT pg_read_file('/etc/passwd')",
+                      "ALTER SYSTEM SET work_mem = '1GB'"):  # fmt: skip
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            asyncio.run(_execute(url, forbidden))
+    with pytest.raises(asyncpg.InvalidPasswordError):
+        asyncio.run(_fetchval(_without_password(url), "SELECT 1"))
+    assert EmbeddedAppDatabase(pg, "appdb").start() == url  # the same password on every start
+
+
+def test_a_cluster_that_trusted_everyone_is_locked_at_the_next_start(tmp_path: pathlib.Path) -> None:
+    """As an earlier release left it: trust in pg_hba.conf, no password, the app's database and
+    its tables owned by the superuser."""
+    from tasks_core.embedded import EmbeddedAppDatabase
+
+    first = EmbeddedPostgres(tmp_path)
+    admin = first.start()
+    db = create_database(admin, "legacy")
+    asyncio.run(_execute(db, "CREATE TABLE kept (id bigserial PRIMARY KEY, v int)"))
+    asyncio.run(_execute(db, "INSERT INTO kept (v) VALUES (7)"))
+    first.stop()
+    (first.pgdata / "pg_hba.conf").write_text("host all all 127.0.0.1/32 trust\n")
+    (tmp_path / "postgres.password").unlink()
+    again = EmbeddedPostgres(tmp_path)
+    try:
+        admin = again.start()
+        with pytest.raises(asyncpg.InvalidPasswordError):
+            asyncio.run(_fetchval(_without_password(admin), "SELECT 1"))
+        url = EmbeddedAppDatabase(again, "legacy").start()
+        asyncio.run(_execute(url, "INSERT INTO kept (v) VALUES (8)"))  # its table and sequence
+        assert asyncio.run(_fetchval(url, "SELECT sum(v) FROM kept")) == 15
+    finally:
+        again.destroy()
 
 
 def test_create_and_drop_database(pg: EmbeddedPostgres) -> None:
@@ -123,8 +189,16 @@ def test_redis_serves_and_stops(tmp_path: pathlib.Path) -> None:
     server = EmbeddedRedis(tmp_path / "redis")
     url = server.start()
     try:
-        assert url.startswith("redis://127.0.0.1:") and url.endswith("/0")
+        assert re.fullmatch(r"redis://:[A-Za-z0-9_-]{32}@127\.0\.0\.1:\d+/0", url), url
         assert reachable(url)
+        anonymous = redis.Redis.from_url(_without_password(url))
+        with pytest.raises(redis.AuthenticationError):
+            anonymous.ping()
+        anonymous.close()
+        kept = tmp_path / "redis" / "redis.password"
+        assert _private(kept) and kept.read_text().strip() in url
+        # The password is in a config file of ours, not on a command line that `ps` shows.
+        assert kept.read_text().strip() not in " ".join(psutil.Process(server.pid).cmdline())
         client = redis.Redis.from_url(url)
         try:
             assert client.ping()
@@ -143,9 +217,12 @@ def test_redis_serves_and_stops(tmp_path: pathlib.Path) -> None:
 def test_redis_on_a_requested_port(tmp_path: pathlib.Path) -> None:
     port = free_port()
     with EmbeddedRedis(tmp_path, port=port) as server:
-        assert server.url == f"redis://127.0.0.1:{port}/0"
+        assert server.url is not None and server.url.endswith(f"@127.0.0.1:{port}/0")
         assert reachable(server.url)
+        first = server.url
     assert server.url is None
+    with EmbeddedRedis(tmp_path, port=port) as server:
+        assert server.url == first  # the password is kept with the data directory
 
 
 def test_reachable_rejects_what_it_cannot_check() -> None:
