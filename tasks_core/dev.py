@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from tasks_core.embedded import write_private
 from tasks_core.settings import Settings
 from tasks_core.supervisor import (
     ChildFailed,
@@ -74,20 +75,13 @@ class DevState:
 
     def save(self) -> None:
         body = {"api_key": self.api_key, "ports": self.ports, "exports": self.exports}
-        _write_private(self.path, json.dumps(body, indent=1) + "\n")
-
-
-def _write_private(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
+        write_private(self.path, json.dumps(body, indent=1) + "\n")
 
 
 def _write_env_file(path: Path, exports: dict[str, str], root: Path) -> None:
     lines = [f"# `dtask dev` on {root}: `source` this file to point the CLI at that stack"]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in exports.items()]
-    _write_private(path, "\n".join(lines) + "\n")
+    write_private(path, "\n".join(lines) + "\n")
 
 
 # --------------------------------------------------------------------------------------------- sources

@@ -94,11 +94,13 @@ def _kept_password(path: pathlib.Path) -> tuple[str, bool]:
         if kept:
             return kept, False
     password = secrets.token_urlsafe(24)  # URL-safe: it goes into DTASK_* URLs as it is
-    _write_private(path, password + "\n")
+    write_private(path, password + "\n")
     return password, True
 
 
-def _write_private(path: pathlib.Path, text: str) -> None:
+def write_private(path: pathlib.Path, text: str) -> None:
+    """Write ``text`` to ``path``, created readable by us only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
@@ -568,7 +570,8 @@ class EmbeddedPostgres:
         self, bin_dir: pathlib.Path, account: pwd.struct_passwd | None, password: str
     ) -> None:
         """ALTER ROLE in single-user mode: the server is not running, and no connection is needed."""
-        statement = f"ALTER ROLE {_PG_USER} PASSWORD '{password.replace(chr(39), chr(39) * 2)}';\n"
+        quoted = password.replace("'", "''")
+        statement = f"ALTER ROLE {_PG_USER} PASSWORD '{quoted}';\n"
         cmd = [str(bin_dir / "postgres"), "--single", "-D", str(self.pgdata), "postgres"]
         done = subprocess.run(
             cmd, input=statement.encode(), capture_output=True, check=False, **_as_account(account)
@@ -706,24 +709,23 @@ class EmbeddedAppDatabase:
         return self.server.exit_reason()
 
 
-# Objects an earlier release created as the superuser pass to the database's owner (sequences that
-# belong to a table's column move with their table).
+# Run at every start: tables (and their sequences) an earlier release created as the superuser
+# pass to the database's owner.
 _ADOPT_OBJECTS = """
 DO $$
 DECLARE
+    owner name := (SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = current_database());
     r record;
 BEGIN
     FOR r IN
-        SELECT c.oid::regclass AS rel, CASE c.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW'
-                                       WHEN 'm' THEN 'MATERIALIZED VIEW' ELSE 'TABLE' END AS kind
+        SELECT c.oid::regclass AS rel, CASE c.relkind WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END AS kind
         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'S')
-          AND c.relowner <> (SELECT datdba FROM pg_database WHERE datname = current_database())
-          AND NOT (c.relkind = 'S' AND EXISTS (
-              SELECT 1 FROM pg_depend d WHERE d.objid = c.oid AND d.deptype IN ('a', 'i')))
+        WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'S') AND pg_get_userbyid(c.relowner) <> owner
+          -- a column's sequence moves with its table
+          AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = c.oid AND d.deptype IN ('a', 'i')
+                          AND c.relkind = 'S')
     LOOP
-        EXECUTE format('ALTER %s %s OWNER TO %I', r.kind, r.rel,
-                       (SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = current_database()));
+        EXECUTE format('ALTER %s %s OWNER TO %I', r.kind, r.rel, owner);
     END LOOP;
 END $$
 """
@@ -820,7 +822,7 @@ class EmbeddedRedis(ServerProcess):
         self._password, _ = _kept_password(self.data_dir / "redis.password")
         # In a file of ours, not on the command line, where `ps` shows it to every account.
         config = self.data_dir / "redis.conf"
-        _write_private(config, f"requirepass {self._password}\n")
+        write_private(config, f"requirepass {self._password}\n")
         attempts = 1 if self.port is not None else _PORT_ATTEMPTS
         for _ in range(attempts):
             port = self.port if self.port is not None else free_port()
