@@ -343,7 +343,6 @@ def test_a_killed_milvus_and_s3_come_back_on_their_ports_for_the_clients_they_ha
 ) -> None:
     """`dtask dev`'s servers, supervised as it supervises them: after a SIGKILL each is back on its
     port, and clients made before the crash (every api and worker process holds some) work again."""
-    import psutil
     from minio import Minio
     from pymilvus import MilvusClient
 
