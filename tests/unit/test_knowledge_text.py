@@ -101,7 +101,7 @@ def test_embedders_load_by_name_or_path() -> None:
         load_embedder("domains.knowledge.chunking:MAX_CHARS")
 
 
-# ------------------------------------------------------------------------------------------------ linear chunking
+# ------------------------------------------------------------------------------------- linear chunking
 
 
 def _reference_split_long(paragraph: str, limit: int) -> list[str]:
@@ -128,17 +128,19 @@ def _texts() -> list[str]:
     out = []
     for n in (0, 1, 5, 50, 400, 3000):
         out.append(" ".join(rng.choice(words) for _ in range(n)))
-        out.append("\n\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(1, 200))) for _ in range(n // 10 + 1)))
-    out += ["y" * 5000, "灯塔看守人的日志。" * 700, " \t\n".join(["word"] * 900), "a. " * 2000, "Z" + " " * 9 + "z" * 999]
+        paras = (" ".join(rng.choice(words) for _ in range(rng.randint(1, 200))) for _ in range(n // 10 + 1))
+        out.append("\n\n".join(paras))
+    out += ["y" * 5000, "灯塔看守人的日志。" * 700, " \t\n".join(["word"] * 900), "a. " * 2000]
+    out.append("Z" + " " * 9 + "z" * 999)
     return out
 
 
 @pytest.mark.parametrize("sizes", [(1000, 200), (500, 100), (300, 20), (120, 50)])
 def test_the_linear_splitter_cuts_exactly_where_the_old_one_did(sizes: tuple[int, int]) -> None:
-    max_chars, overlap = sizes
+    limit = sizes[0] - sizes[1]  # what chunk_text gives the splitter
     for text in _texts():
         for paragraph in paragraphs(text):
-            assert _split_long(paragraph, max_chars - overlap) == _reference_split_long(paragraph, max_chars - overlap)
+            assert _split_long(paragraph, limit) == _reference_split_long(paragraph, limit)
 
 
 class _CountingStr(str):
