@@ -56,11 +56,10 @@ class _Child:
     proc: asyncio.subprocess.Process
     memory_mb: int
     loop: asyncio.AbstractEventLoop
-    idle_timer: asyncio.TimerHandle | None = field(default=None)
+    # While it waits for a file: the task that stops it (see _watch_idle).
+    watcher: asyncio.Task[None] | None = field(default=None)
 
     def kill(self) -> None:
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
         # asyncio's kill goes through Popen, which never signals a process it has already reaped.
         with contextlib.suppress(ProcessLookupError):
             self.proc.kill()
@@ -79,11 +78,11 @@ async def _child(memory_mb: int) -> _Child:
     loop = asyncio.get_running_loop()
     while _idle:
         child = _idle.pop()
+        if child.watcher is not None:
+            child.watcher.cancel()  # taken off the idle list first: the watcher leaves it alone
         if child.loop is loop and child.memory_mb == memory_mb and child.proc.returncode is None:
-            if child.idle_timer is not None:
-                child.idle_timer.cancel()
             return child
-        child.kill()  # another loop's (closed, or not ours to use), older limits, or dead
+        child.kill()  # another loop's, older limits, or dead
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", MODULE, str(memory_mb), str(os.getpid()),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -91,14 +90,22 @@ async def _child(memory_mb: int) -> _Child:
     return _Child(proc, memory_mb, loop)
 
 
-def _keep(child: _Child) -> None:
-    def retire() -> None:
+async def _watch_idle(child: _Child) -> None:
+    """Stop an idle child after IDLE_SECONDS, or when its loop shuts down (which cancels this
+    task and waits for it), unless a file took it first; forget it if it died meanwhile."""
+    try:
+        await asyncio.wait_for(child.proc.wait(), IDLE_SECONDS)
+    except TimeoutError:
+        pass
+    finally:
         if child in _idle:
             _idle.remove(child)
-            child.kill()
+            await child.end()
 
-    child.idle_timer = child.loop.call_later(IDLE_SECONDS, retire)
+
+def _keep(child: _Child) -> None:
     _idle.append(child)
+    child.watcher = child.loop.create_task(_watch_idle(child))
 
 
 async def close_idle() -> None:
@@ -106,6 +113,8 @@ async def close_idle() -> None:
     loop = asyncio.get_running_loop()
     for child in [c for c in _idle if c.loop is loop]:
         _idle.remove(child)
+        if child.watcher is not None:
+            child.watcher.cancel()
         await child.end()
 
 

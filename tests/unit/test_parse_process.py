@@ -177,3 +177,15 @@ async def test_parses_in_one_loop_run_side_by_side_and_a_cancel_stops_only_its_o
     with pytest.raises(asyncio.CancelledError):
         await slow
     assert await parse_file(b"after", "txt", LIMITS) == ["after"]
+
+
+async def test_an_idle_helper_is_stopped_after_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parse_process, "IDLE_SECONDS", 0.5)
+    assert await parse_file(b"one", "txt", LIMITS) == ["one"]
+    [helper] = _helpers()
+    for _ in range(100):
+        if not helper.is_running():
+            break
+        await asyncio.sleep(0.1)
+    assert not helper.is_running()
+    assert await parse_file(b"two", "txt", LIMITS) == ["two"]  # a fresh one
