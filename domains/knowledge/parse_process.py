@@ -9,7 +9,7 @@ the deadline passes, and after any limit breach, so no work outlives its file.
 The child is a plain subprocess (``python -m domains.knowledge.parse_child``), since Celery's
 prefork children are daemonic and may not start multiprocessing children. One is kept warm per
 event loop and memory limit and reused across files, so a small file does not pay a Python
-start-up (about 0.2 s); files parsed at the same time get one each. An idle one is stopped after
+start-up (0.1-0.35 s here); files parsed at the same time get one each. An idle one is stopped after
 ``IDLE_SECONDS``.
 """
 
@@ -36,6 +36,8 @@ IDLE_SECONDS = 60.0
 
 @dataclass(frozen=True)
 class ParseLimits:
+    """Per file: characters and chunks it may give, the child's address space, the deadline."""
+
     max_chars: int
     max_chunks: int
     memory_mb: int
@@ -70,19 +72,20 @@ class _Child:
         await self.proc.wait()
 
 
-# Warm children waiting for a file, across every event loop of this process (a worker has one).
+# Warm children waiting for a file (a worker has one event loop; a test has one per test).
 _idle: list[_Child] = []
 
 
 async def _child(memory_mb: int) -> _Child:
     loop = asyncio.get_running_loop()
-    while _idle:
-        child = _idle.pop()
+    # Only this loop's: another loop's children and their watchers are that loop's to use and stop.
+    for child in [c for c in reversed(_idle) if c.loop is loop]:
+        _idle.remove(child)
         if child.watcher is not None:
-            child.watcher.cancel()  # taken off the idle list first: the watcher leaves it alone
-        if child.loop is loop and child.memory_mb == memory_mb and child.proc.returncode is None:
+            child.watcher.cancel()  # off the idle list first: the watcher leaves it alone
+        if child.memory_mb == memory_mb and child.proc.returncode is None:
             return child
-        child.kill()  # another loop's, older limits, or dead
+        await child.end()  # older limits, or dead
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", MODULE, str(memory_mb), str(os.getpid()),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,

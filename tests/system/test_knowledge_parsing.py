@@ -184,4 +184,4 @@ async def test_ordinary_files_are_indexed_through_a_warm_parse_process(
             assert row["chunk_count"] == len(chunk_text(extract_text(data, name.rsplit(".")[1]))), name
         # Kept warm for the next file; the solo pool ran all three in one process, with one.
         children = _parse_children(worker)
-        assert len(children) == 1 if pool == "solo" else 1 <= len(children) <= 3
+        assert (len(children) == 1) if pool == "solo" else (1 <= len(children) <= 3)

@@ -98,7 +98,7 @@ async def test_one_operator_amplification_ends_at_the_memory_limit_and_the_paren
     # of it before pypdf has built it, so the child's address-space limit is what stops it.
     outcome, child_peak, parent_growth = await _peaks(parse_file(one_operator_bomb(), "pdf", LIMITS))
     assert isinstance(outcome, ParseError)
-    assert str(outcome) == ("the parser ran out of its 256 MB memory limit (DTASK_KNOWLEDGE_PARSE_MEMORY_MB)")
+    assert str(outcome) == "the parser ran out of its 256 MB memory limit (DTASK_KNOWLEDGE_PARSE_MEMORY_MB)"
     assert 0 < child_peak < 256 * MB
     assert parent_growth < 50 * MB
     assert _helpers() == []  # replaced: the next file gets a fresh one
