@@ -88,6 +88,16 @@ class KeyRing:
                 found = Principal(key.name, key.admin)
         return found
 
+    def fingerprint(self, name: str, salt: bytes) -> tuple[Principal, str] | None:
+        """The key named ``name`` and HMAC-SHA256(its secret, ``salt``), or None if there is none.
+
+        Whoever keeps the fingerprint can tell later whether the key still has the same secret
+        without keeping the secret (the dashboard's sessions)."""
+        for key in self._keys:
+            if key.name == name:
+                return Principal(key.name, key.admin), hmac.new(key.secret, salt, "sha256").hexdigest()
+        return None
+
 
 def bearer_token(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
     for name, value in headers:

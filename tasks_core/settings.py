@@ -6,15 +6,36 @@ Each trade-off is written next to its setting.
 from __future__ import annotations
 
 import math
+import re
 from functools import lru_cache
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# Values that stand in for a secret: docker/.env.example's and the usual ones. Compared without case
+# and without anything but letters and digits, so "Change_Me" and "change-me-too" are caught too.
+PLACEHOLDER_WORDS = frozenset({"changeme", "secret", "password", "passw0rd", "placeholder", "example"})
+PLACEHOLDER_PREFIXES = ("changeme", "replacewith", "replaceme")
+_NOT_ALNUM = re.compile(r"[^a-z0-9]")
+
+
+def is_placeholder(secret: str) -> bool:
+    word = _NOT_ALNUM.sub("", secret.lower())
+    return word in PLACEHOLDER_WORDS or word.startswith(PLACEHOLDER_PREFIXES)
+
+
+def _refuse_placeholder(secret: str, what: str = "") -> None:
+    if is_placeholder(secret):
+        subject = f"{what} is a placeholder" if what else "a placeholder"
+        raise ValueError(f"{subject} (like those in docker/.env.example): set a long random secret")
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="DTASK_", env_file=".env", extra="ignore")
+    # Never echo a refused value: several settings hold passwords.
+    model_config = SettingsConfigDict(
+        env_prefix="DTASK_", env_file=".env", extra="ignore", hide_input_in_errors=True
+    )
 
     # `postgresql+asyncpg://user:password@host/db` (`postgresql://` means the same). Unset means
     # "not configured": `dtask dev` then starts embedded servers; every other command refuses to
@@ -71,6 +92,22 @@ class Settings(BaseSettings):
     # burst; shorter tells the client sooner to come back (an upload holds its turn for as long as
     # its client takes to send the body).
     upload_wait_seconds: float = Field(default=5.0, gt=0, allow_inf_nan=False)
+    # Characters of text one file may give; over it the file ends error_parsing naming this
+    # setting. The upload limit does not bound text: a PDF's font map can turn each byte into
+    # hundreds of characters. Higher admits longer books; every character is chunked, embedded
+    # and stored. 4,000,000 is about 1,500 pages of prose and 5,000 to 10,000 chunks.
+    knowledge_max_chars: int = Field(default=4_000_000, ge=1)
+    # Chunks one file may give (each is embedded, upserted to Milvus and stored in PostgreSQL):
+    # bounds one file's indexing work whatever the character limit; over it, error_parsing.
+    knowledge_max_chunks: int = Field(default=10_000, ge=1)
+    # Address space of the process that parses and chunks a file (its own child of the worker
+    # process, reused across files). A file that needs more ends error_parsing; higher lets
+    # heavier PDFs through, but every worker process may hold this much more while it parses.
+    knowledge_parse_memory_mb: int = Field(default=512, ge=64)
+    # Wall-clock time one file's parse may take (also its CPU limit) before the parser is killed
+    # and the file ends error_parsing. Longer admits slower PDFs; a hostile one holds a task slot
+    # and a core this long.
+    knowledge_parse_seconds: float = Field(default=120.0, gt=0, allow_inf_nan=False)
 
     # Lease: how long an owner may stay silent before another worker may recover its task.
     # Shorter recovers faster after a crash; longer tolerates longer GC/IO stalls and costs fewer
@@ -207,6 +244,10 @@ class Settings(BaseSettings):
     flower_basic_auth: str | None = None
     # The dashboard (/ui) links here for Celery's view of workers and messages (`dtask flower`'s default).
     flower_url: str = "http://127.0.0.1:5555"
+    # A dashboard sign-in lasts this long at most (counted from the sign-in, by PostgreSQL's clock),
+    # however busy the tab. Shorter limits what a stolen cookie is worth; longer asks for the key
+    # less often. Signing out, or removing or changing the key, ends a session at once.
+    ui_session_seconds: float = Field(default=12 * 3600.0, gt=0, le=30 * 86400, allow_inf_nan=False)
     # Where `dtask dev` keeps its embedded data, logs, ports and session key (`--data-dir`).
     dev_dir: str = ".dtask"
 
@@ -218,6 +259,30 @@ class Settings(BaseSettings):
         scheme, sep, rest = (value or "").partition("://")
         if sep and scheme.lower() in ("postgresql", "postgres"):
             return f"postgresql+asyncpg://{rest}"
+        return value
+
+    # Copying docker/.env.example without setting real secrets must not start a deployment that
+    # anyone can use: every process reads these settings, so api, worker and flower all refuse.
+    @field_validator("api_keys")
+    @classmethod
+    def _api_secrets(cls, value: str) -> str:
+        for entry in value.split(","):
+            name, _, rest = entry.strip().partition(":")
+            _refuse_placeholder(rest.partition(":")[0], f"the secret of {name!r}")
+        return value
+
+    @field_validator("flower_basic_auth")
+    @classmethod
+    def _flower_passwords(cls, value: str | None) -> str | None:
+        for credential in (value or "").split(","):
+            user, _, password = credential.strip().partition(":")
+            _refuse_placeholder(password, f"the password of {user!r}")
+        return value
+
+    @field_validator("metrics_token", "minio_secret_key")
+    @classmethod
+    def _secret(cls, value: str | None) -> str | None:
+        _refuse_placeholder(value or "")
         return value
 
     @field_validator(
@@ -280,4 +345,19 @@ class Settings(BaseSettings):
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    return Settings()
+    """The process's settings; refused ones end it with one line per problem, naming the variable."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise SystemExit("\n".join(f"refusing to start: {line}" for line in _describe(exc))) from None
+
+
+def _describe(exc: ValidationError) -> list[str]:
+    """``DTASK_X: why`` for each error (pydantic's own text spans lines and names fields, not variables)."""
+    lines = []
+    for error in exc.errors():
+        cause = (error.get("ctx") or {}).get("error")
+        why = str(cause) if isinstance(cause, ValueError) else error["msg"]
+        where = "DTASK_" + str(error["loc"][0]).upper() if error["loc"] else "settings"
+        lines.append(f"{where}: {why}")
+    return lines

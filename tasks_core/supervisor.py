@@ -278,7 +278,8 @@ class EmbeddedServer(Protocol):
 
 
 class ServerChild:
-    """An embedded server (PostgreSQL, Redis, …) as a supervised child."""
+    """An embedded server (PostgreSQL, Redis, …) as a supervised child. Its first URL is the one
+    every other child was given, so a restart elsewhere is refused (and retried like a crash)."""
 
     tier = 0
 
@@ -289,7 +290,12 @@ class ServerChild:
         self._answers = answers
 
     def start(self) -> None:
-        self.url = self.server.start()
+        url = self.server.start()
+        if self.url is not None and url != self.url:
+            self.server.stop()
+            # Not the URL itself: it may carry a password.
+            raise RuntimeError("it came back at another address than the one its clients use")
+        self.url = url
 
     def exit_reason(self) -> str | None:
         return self.server.exit_reason()

@@ -1,4 +1,4 @@
-"""The dashboard served at /ui: PostgreSQL's view of the tasks, for people (issue 11).
+"""The dashboard served at /ui: PostgreSQL's view of the tasks, for people.
 
 ``install(app, settings)`` adds it to the api. Domains add pages of their own through
 ``UiExtension`` (see ``app/ui/extensions.py``) using the names exported here.
@@ -17,7 +17,7 @@ from app.ui.data import DEFAULT_PAGE_SIZE, PAGE_SIZES, StatusPage, page_size, se
 from app.ui.extensions import NavEntry, UiExtension, load_extensions
 from app.ui.render import STATIC_DIR, Ui, redirect, render
 from app.ui.routes import router
-from app.ui.session import Checked, Signed, SignInRequired, UiError, Viewer, current_viewer
+from app.ui.session import Checked, Signed, SignInRequired, UiError, Viewer
 from tasks_core.settings import Settings
 
 __all__ = [
@@ -64,5 +64,7 @@ async def _sign_in_required(request: Request, exc: Exception) -> Response:
 
 async def _ui_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, UiError)
-    context = {"viewer": current_viewer(request), "status": exc.status, "message": exc.message}
+    # The viewer as found earlier in this request, if it got that far: no second lookup here.
+    viewer = getattr(request.state, "ui_viewer", None)
+    context = {"viewer": viewer, "status": exc.status, "message": exc.message}
     return render(request, "error.html", context, exc.status)

@@ -57,7 +57,7 @@ def _notice(code: str | None) -> str | None:
 
 @router.get("/sign-in")
 async def sign_in_page(request: Request, next_path: Annotated[str, Query(alias="next")] = "/ui") -> Response:
-    if current_viewer(request) is not None:
+    if await current_viewer(request) is not None:
         return redirect(_next(next_path))
     return _sign_in_form(request, next_path)
 
@@ -92,14 +92,14 @@ async def sign_in(
     if principal is None:
         return _sign_in_form(request, next_path, "That is not a valid API key.", 401)
     response = redirect(_next(next_path))
-    start_session(response, key.strip())
+    await start_session(request, response, principal)
     return response
 
 
 @router.post("/sign-out")
-async def sign_out(viewer: Checked) -> Response:
+async def sign_out(request: Request, viewer: Checked) -> Response:
     response = redirect("/ui/sign-in")
-    end_session(response)
+    await end_session(request, response)
     return response
 
 

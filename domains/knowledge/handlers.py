@@ -3,7 +3,8 @@
 A file moves ``uploaded -> parsing -> parsed -> indexing -> indexed`` (or ``error_parsing`` /
 ``error_indexing``); each move is one short owning transaction that also names this task and
 attempt, so an attempt that lost its lease, or a file taken over by a newer task, writes nothing.
-Blocking work (S3, parsing, embedding, Milvus) runs in threads between those transactions.
+Blocking work (S3, embedding, Milvus) runs in threads between those transactions; parsing runs in
+a child process with memory, time, text and chunk limits (``parse_process``), killed on cancel.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from domains.knowledge import catalog
-from domains.knowledge.chunking import chunk_text
 from domains.knowledge.errors import CollectionMissing, ObjectMissing, StoreError, StoreUnavailable
 from domains.knowledge.model import ERROR_INDEXING, ERROR_PARSING, INDEXED, INDEXING, PARSED, PARSING
-from domains.knowledge.parsing import ParseError, extract_text
+from domains.knowledge.parse_process import ParseLimits, parse_file
+from domains.knowledge.parsing import ParseError
 from domains.knowledge.storage import object_key
 from domains.knowledge.stores import KnowledgeStores, stores_for
 from domains.knowledge.vectors import BaseIndex
@@ -149,7 +150,7 @@ async def index_file(ctx: TaskContext, stores: KnowledgeStores, file_id: str) ->
             return await fail(ERROR_PARSING, "the uploaded original is missing from the object store")
     ctx.raise_if_cancelled()
     try:
-        texts = await asyncio.to_thread(lambda: chunk_text(extract_text(data, row["file_type"])))
+        texts = await parse_file(data, row["file_type"], ParseLimits.from_settings(Settings()))
     except ParseError as exc:
         return await fail(ERROR_PARSING, str(exc))
     chunk_ids = [f"{file_id}-{seq}" for seq in range(len(texts))]

@@ -1,4 +1,5 @@
-"""Uploaded bytes -> plain text, per file type. Blocking (PDF especially): call it in a thread.
+"""Uploaded bytes -> plain text, per file type. CPU-heavy (PDF especially) and, on a hostile file,
+unbounded: the handler runs it in a child process with limits (``parse_process``).
 
 A file that cannot give text raises ``ParseError`` with a message a user can act on; the handler
 stores it in ``error_message`` with the ``error_parsing`` state.
@@ -10,6 +11,7 @@ import io
 import logging
 import re
 from html.parser import HTMLParser
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +36,25 @@ class ParseError(ValueError):
     """The file gave no usable text; the message says why."""
 
 
+class LimitExceeded(ParseError):
+    """The file is over a per-file limit; the message names the limit and its setting."""
+
+
+def too_long(max_chars: int) -> LimitExceeded:
+    return LimitExceeded(
+        f"the file's text is longer than the limit of {max_chars:,} characters (DTASK_KNOWLEDGE_MAX_CHARS)"
+    )
+
+
 def file_type_of(filename: str) -> str | None:
     """The supported type named by the file's extension, or None."""
     dot = filename.rfind(".")
     return EXTENSIONS.get(filename[dot:].lower()) if dot > 0 else None
 
 
-def extract_text(data: bytes, file_type: str) -> str:
+def extract_text(data: bytes, file_type: str, max_chars: int | None = None) -> str:
+    """The file's text; over ``max_chars`` characters raises ``LimitExceeded`` (a PDF as soon as
+    it passes the limit, not once all of it is extracted)."""
     if not data:
         raise ParseError("the file is empty")
     if file_type in ("txt", "md"):
@@ -48,10 +62,12 @@ def extract_text(data: bytes, file_type: str) -> str:
     elif file_type == "html":
         text = html_text(_decode(data))
     elif file_type == "pdf":
-        text = pdf_text(data)
+        text = pdf_text(data, max_chars)
     else:
         raise ParseError(f"unsupported file type {file_type!r}")
     text = text.replace("\x00", "")  # PostgreSQL text cannot hold U+0000
+    if max_chars is not None and len(text) > max_chars:
+        raise too_long(max_chars)
     if not text.strip():
         raise ParseError("no text found in the file")
     return text
@@ -135,16 +151,29 @@ def html_text(markup: str) -> str:
 # ------------------------------------------------------------------------------------------------ PDF
 
 
-def pdf_text(data: bytes) -> str:
+def pdf_text(data: bytes, max_chars: int | None = None) -> str:
     from pypdf import PdfReader
     from pypdf.errors import PdfReadError, PyPdfError
+
+    shown = 0
+
+    def count(text: str, *_: Any) -> None:
+        # pypdf calls this with each run of text as a page's content stream shows it, so a file
+        # that expands past the limit stops there rather than at the end of its page. One text
+        # operator can still expand to a billion characters before this is called: the parse
+        # process's memory limit is what stops that.
+        nonlocal shown
+        shown += len(text)
+        if max_chars is not None and shown > max_chars:
+            raise too_long(max_chars)
 
     try:
         reader = PdfReader(io.BytesIO(data), strict=False)
         if reader.is_encrypted:
             raise ParseError("the PDF is encrypted")
-        pages = [page.extract_text() or "" for page in reader.pages]
-    except ParseError:
+        visitor = count if max_chars is not None else None
+        pages = [page.extract_text(visitor_text=visitor) or "" for page in reader.pages]
+    except (ParseError, MemoryError):
         raise
     except (PdfReadError, PyPdfError) as exc:
         raise ParseError(f"not a readable PDF: {exc}") from None

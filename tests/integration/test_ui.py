@@ -142,7 +142,9 @@ async def test_every_page_without_a_session_goes_to_sign_in(browser: Any) -> Non
         assert (r.status_code, r.headers["hx-redirect"]) == (401, "/ui/sign-in")
     for path in (f"/ui/tasks/{tid}/cancel", f"/ui/tasks/{tid}/delete", "/ui/sign-out"):
         assert (await client.post(path, data={"csrf": "x"})).status_code == 401, path
-    client.cookies.set("dtask_ui", "bm90OmFrZXk=", domain="test", path="/ui")  # "not:akey"
+    client.cookies.set("dtask_ui", "bm90OmFrZXk=", domain="test.local", path="/ui")  # "not:akey"
+    assert (await client.get("/ui")).status_code == 303
+    client.cookies.set("dtask_ui", "A" * 43, domain="test.local", path="/ui")  # shaped like one, unknown
     assert (await client.get("/ui")).status_code == 303
 
 
@@ -192,10 +194,111 @@ async def test_sign_out_needs_its_token_and_ends_the_session(browser: Any) -> No
 
 
 async def test_a_key_removed_from_the_configuration_signs_its_sessions_out(app: Any, browser: Any) -> None:
-    client = await browser("bob")
-    assert (await client.get("/ui")).status_code == 200
+    bob, alice = await browser("bob"), await browser("alice")
+    assert (await bob.get("/ui")).status_code == 200
     app.state.keys = KeyRing("alice:alice-secret-0123456")  # as after a restart without bob's key
-    assert (await client.get("/ui")).status_code == 303
+    assert (await bob.get("/ui")).status_code == 303
+    # The same name with another secret is another key: its old sessions end too.
+    app.state.keys = KeyRing("alice:alice-secret-changed-0123")
+    assert (await alice.get("/ui")).status_code == 303
+    app.state.keys = KeyRing(KEYS)  # and they stay ended when the old secret comes back
+    assert (await alice.get("/ui")).status_code == 303
+
+
+def _session_cookie(client: httpx.AsyncClient) -> str:
+    return next(c.value for c in client.cookies.jar if c.name == "dtask_ui")
+
+
+async def _with_cookie(browser: Any, value: str) -> httpx.AsyncClient:
+    client = await browser()
+    # The domain the jar gives cookies of https://test (http.cookiejar's ".local" for dotless hosts).
+    client.cookies.set("dtask_ui", value, domain="test.local", path="/ui")
+    return client
+
+
+async def test_after_sign_out_the_old_cookie_and_its_token_are_refused(svc: Any, browser: Any) -> None:
+    await seed(svc, "alice", 1)
+    tid = (await _task_ids(svc))[0]
+    client = await browser("alice")
+    cookie, csrf = _session_cookie(client), await csrf_of(client)
+    replay = await _with_cookie(browser, cookie)  # someone who copied the cookie and a page's token
+    assert (await replay.get("/ui")).status_code == 200
+    r = await client.post("/ui/sign-out", data={"csrf": csrf})
+    assert r.status_code == 303
+    # ...gets nothing from them any more.
+    r = await replay.get("/ui")
+    assert r.status_code == 303 and r.headers["location"].startswith("/ui/sign-in")
+    assert (await replay.post(f"/ui/tasks/{tid}/cancel", data={"csrf": csrf})).status_code == 401
+    assert (await replay.post("/ui/sign-out", data={"csrf": csrf})).status_code == 401
+    assert (await _task_ids(svc, "pending")) == [tid]
+    assert await _session_rows(svc) == 0
+
+
+async def test_the_cookie_is_a_random_id_and_never_the_key(svc: Any, browser: Any) -> None:
+    import base64
+    import binascii
+
+    client = await browser("alice")
+    value = _session_cookie(client)
+    assert re.fullmatch(r"[A-Za-z0-9_-]{43}", value), value
+    try:
+        decoded = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+    except (ValueError, binascii.Error):
+        decoded = b""
+    for secret in SECRETS.values():
+        assert secret not in value and secret.encode() not in decoded
+    # Nor is it kept on the server: the row holds a hash of the id and a fingerprint of the key.
+    async with svc.engine.connect() as conn:
+        row = (await conn.execute(text("SELECT * FROM ui_sessions"))).mappings().one()
+    assert row["key_name"] == "alice" and value not in str(dict(row))
+    assert not any(secret in str(dict(row)) for secret in SECRETS.values())
+
+
+async def test_a_session_expires_after_its_lifetime(svc: Any, browser: Any) -> None:
+    client = await browser("alice")
+    async with svc.engine.connect() as conn:
+        lifetime = (
+            await conn.execute(text("SELECT extract(epoch FROM expires_at - created_at) FROM ui_sessions"))
+        ).scalar_one()
+    assert svc.settings.ui_session_seconds == 12 * 3600  # the default
+    assert abs(float(lifetime) - 12 * 3600) < 1
+    async with svc.engine.begin() as conn:
+        await conn.execute(text("UPDATE ui_sessions SET expires_at = clock_timestamp() - interval '1 s'"))
+    r = await client.get("/ui")
+    assert r.status_code == 303 and r.headers["location"].startswith("/ui/sign-in")
+    assert await _session_rows(svc) == 0  # removed when it was used
+
+
+async def test_expired_sessions_do_not_pile_up(svc: Any, browser: Any) -> None:
+    for _ in range(3):
+        await browser("bob")
+    async with svc.engine.begin() as conn:
+        await conn.execute(text("UPDATE ui_sessions SET expires_at = clock_timestamp() - interval '1 s'"))
+    await browser("alice")  # never used again, the expired ones go with the next sign-in
+    assert await _session_rows(svc) == 1
+
+
+async def test_every_api_process_serves_the_same_sessions(svc: Any, browser: Any) -> None:
+    other = create_app(services=svc)  # a second api process: its own key ring, the same database
+    client = await browser("alice")
+    cookie, csrf = _session_cookie(client), await csrf_of(client)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=other), base_url="https://test") as there:
+        there.cookies.set("dtask_ui", cookie, domain="test.local", path="/ui")
+        assert (await there.get("/ui")).status_code == 200
+        assert (await there.post("/ui/sign-out", data={"csrf": csrf})).status_code == 303
+    assert (await client.get("/ui")).status_code == 303  # signed out everywhere
+
+
+async def _task_ids(svc: Any, status: str | None = None) -> list[str]:
+    async with svc.engine.connect() as conn:
+        query = "SELECT id FROM tasks WHERE CAST(:status AS text) IS NULL OR status = :status"
+        found = await conn.execute(text(query), {"status": status})
+        return [str(r[0]) for r in found]
+
+
+async def _session_rows(svc: Any) -> int:
+    async with svc.engine.connect() as conn:
+        return int((await conn.execute(text("SELECT count(*) FROM ui_sessions"))).scalar_one())
 
 
 async def test_pages_carry_a_strict_content_security_policy_and_no_store(browser: Any) -> None:

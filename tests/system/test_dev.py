@@ -1,8 +1,10 @@
-"""`dtask dev`: the whole stack on embedded PostgreSQL and Redis, supervised, stopped by any of
-SIGINT, SIGTERM and SIGHUP with nothing left behind, and the same environment on every start."""
+"""`dtask dev`: the whole stack on embedded PostgreSQL, Redis, Milvus and S3, supervised, stopped by
+any of SIGINT, SIGTERM and SIGHUP with nothing left behind, the same environment on every start,
+and no server open without its password."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -15,6 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import asyncpg
 import httpx
 import psutil
 import pytest
@@ -28,6 +31,8 @@ STOP_TIMEOUT = 60.0
 BANNER_FIELDS = {
     "postgres": r"PostgreSQL : (\S+)",
     "redis": r"Redis      : (\S+)",
+    "milvus": r"Milvus     : (\S+)",
+    "s3": r"S3         : (\S+)",
     "api": r"API        : (\S+)",
     "flower": r"Flower     : (\S+)",
     "key": r"API key    : (\S+)",
@@ -151,6 +156,64 @@ def dev(tmp_path: Path) -> Iterator[list[Dev]]:
 FIRST_BANNER: dict[str, str] = {}
 
 
+def _exported(data_dir: Path) -> dict[str, str]:
+    """The CLI environment `dtask dev` wrote (the banner shows no passwords)."""
+    return dict(re.findall(r"^export (\w+)=(\S+)$", (data_dir / "env").read_text(), re.M))
+
+
+def _without_password(url: str) -> str:
+    return re.sub(r"//([^:/@]*):[^@]+@", r"//\1@", url).replace("//@", "//")
+
+
+async def _refused(dsn: str, sql: str = "SELECT 1") -> BaseException:
+    try:
+        conn = await asyncpg.connect(dsn.replace("postgresql+asyncpg://", "postgresql://", 1), timeout=10)
+    except Exception as exc:
+        return exc
+    try:
+        await conn.execute(sql)
+    except Exception as exc:
+        return exc
+    finally:
+        await conn.close()
+    raise AssertionError(f"{sql!r} ran")
+
+
+def _check_credentials(data_dir: Path, banner: dict[str, str]) -> None:
+    """Every server wants its password, and the app's database role is no superuser."""
+    env = _exported(data_dir)
+    db, broker = env["DTASK_DATABASE_URL"], env["DTASK_BROKER_URL"]
+    assert ":***@" in banner["postgres"] and ":***@" in banner["redis"]  # not on the terminal
+    assert isinstance(asyncio.run(_refused(db, "COPY (SELECT 1) TO PROGRAM 'true'")),
+                      asyncpg.InsufficientPrivilegeError)  # fmt: skip
+    assert isinstance(asyncio.run(_refused(_without_password(db))), asyncpg.InvalidPasswordError)
+    anonymous = redis.Redis.from_url(_without_password(broker))
+    with pytest.raises(redis.AuthenticationError):
+        anonymous.ping()
+    anonymous.close()
+    assert redis.Redis.from_url(broker).ping()
+
+
+def _knowledge_round_trip(banner: dict[str, str], word: str, timeout: float = 90.0) -> None:
+    """A base (Milvus), an upload (S3), its indexing by the worker (both) and a search (Milvus)."""
+    api, headers = banner["api"], {"Authorization": f"Bearer {banner['key']}"}
+    r = httpx.post(f"{api}/knowledge/bases", json={"name": word}, headers=headers, timeout=30)
+    assert r.status_code == 201, r.text
+    base = r.json()["id"]
+    upload = [("files", (f"{word}.txt", f"lantern {word} harbor".encode(), "text/plain"))]
+    r = httpx.post(f"{api}/knowledge/bases/{base}/files", files=upload, headers=headers, timeout=30)
+    assert r.status_code == 202, r.text
+    file_id = r.json()["files"][0]["id"]
+    deadline, status = time.monotonic() + timeout, None
+    while time.monotonic() < deadline and status not in ("indexed", "error_parsing", "error_indexing"):
+        status = httpx.get(f"{api}/knowledge/files/{file_id}", headers=headers, timeout=10).json()["status"]
+        time.sleep(0.3)
+    assert status == "indexed", status
+    r = httpx.post(f"{api}/knowledge/bases/{base}/search", json={"query": word, "top_k": 1}, headers=headers,
+                   timeout=30)  # fmt: skip
+    assert r.status_code == 200 and r.json()["hits"][0]["file_id"] == file_id, r.text
+
+
 def _submit_and_wait(banner: dict[str, str], n: int = 1, timeout: float = 60.0) -> None:
     headers = {"Authorization": f"Bearer {banner['key']}"}
     ids = []
@@ -178,7 +241,7 @@ def test_dev_runs_the_stack_and_any_stop_signal_leaves_nothing_behind(
     env: dict[str, str] = {}
     if (data_dir / "env").exists():
         # A shell that sourced the env file of an earlier run starts dev again: still embedded.
-        env = dict(re.findall(r"^export (\w+)=(\S+)$", (data_dir / "env").read_text(), re.M))
+        env = _exported(data_dir)
         assert set(env) >= {"DTASK_DATABASE_URL", "DTASK_BROKER_URL"}
     d = Dev(tmp_path, data_dir, env=env)
     dev.append(d)
@@ -186,11 +249,11 @@ def test_dev_runs_the_stack_and_any_stop_signal_leaves_nothing_behind(
     # Printed once every child is ready: no retry needed.
     assert httpx.get(f"{banner['api']}/healthz", timeout=5).status_code == 200
     assert _listening(_port(banner["flower"]))
-    assert redis.Redis.from_url(banner["redis"]).ping()
+    _check_credentials(data_dir, banner)
     # Same ports and key on every start on this data directory.
     FIRST_BANNER.setdefault("banner", banner)  # type: ignore[arg-type]
     first = FIRST_BANNER["banner"]
-    for field in ("postgres", "redis", "key"):
+    for field in ("postgres", "redis", "milvus", "s3", "key"):
         assert banner[field] == first[field], (field, banner, first)  # type: ignore[index]
     _submit_and_wait(banner)
     # Child logs are in the data directory, not on the terminal.
@@ -207,14 +270,18 @@ def test_dev_runs_the_stack_and_any_stop_signal_leaves_nothing_behind(
     assert [p for p in ports if _listening(p)] == []
 
 
-def test_dev_restarts_a_killed_redis_worker_and_postgres_and_tasks_still_run(
+def test_dev_restarts_killed_servers_and_worker_on_their_ports_and_everything_still_works(
     dev: list[Dev], tmp_path: Path, data_dir: Path
 ) -> None:
     d = Dev(tmp_path, data_dir)
     dev.append(d)
     banner = d.banner()
+    _knowledge_round_trip(banner, "before")  # the api and the worker now hold Milvus and S3 clients
     d.remember_processes()
-    victims = (("redis-server", "redis"), ("tasks_core.cli worker", "worker"), ("postgres -D", "postgres"))
+    victims = (
+        ("redis-server", "redis"), ("tasks_core.cli worker", "worker"), ("postgres -D", "postgres"),
+        ("milvus_lite server", "milvus"), ("weed mini", "s3"),
+    )  # fmt: skip
     for needle, name in victims:
         mark = len(d.output())
         victim = d.child(needle)
@@ -224,8 +291,9 @@ def test_dev_restarts_a_killed_redis_worker_and_postgres_and_tasks_still_run(
         d.wait_for(rf"^dtask dev: {name} is back", timeout=90, start=mark)
         print(f"{name}: back {time.monotonic() - killed:.2f} s after SIGKILL")
         d.remember_processes()
-    assert redis.Redis.from_url(banner["redis"]).ping()  # on the same port
+    assert redis.Redis.from_url(_exported(data_dir)["DTASK_BROKER_URL"]).ping()  # on the same port
     _submit_and_wait(banner, n=3, timeout=90)
+    _knowledge_round_trip(banner, "after")  # the same clients, the same ports
     d.stop(signal.SIGTERM)
     assert d.proc.returncode == 0
     assert d.survivors() == []

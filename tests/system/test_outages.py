@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -356,6 +357,8 @@ async def test_with_redis_paused_submissions_stay_pending_and_run_after_recovery
 def outage_redis_pid(owned: Owned) -> int:
     from tasks_core.embedded import _redis_server_pid
 
-    pid = _redis_server_pid(int(owned.broker_url.rsplit(":", 1)[1].split("/")[0]))
+    parts = urlsplit(owned.broker_url)
+    assert parts.port is not None
+    pid = _redis_server_pid(parts.port, parts.password)
     assert pid is not None
     return pid

@@ -246,3 +246,18 @@ def test_the_rabbitmq_override_moves_every_app_process_to_rabbitmq() -> None:
         assert service["environment"]["DTASK_BROKER_URL"].startswith("amqp://dtask:${RABBITMQ_PASSWORD:?")
         assert service["depends_on"]["rabbitmq"]["condition"] == "service_healthy"
     assert set(override["services"]) - {"rabbitmq"} <= set(services())  # overrides, nothing new
+
+
+def test_the_examples_placeholders_are_refused_at_start_up() -> None:
+    """Copying docker/.env.example without setting real secrets must not start a deployment."""
+    from pydantic import ValidationError
+
+    from tasks_core.settings import Settings
+
+    example = env_example()
+    api = services()["api"]["environment"]
+    for var in ("DTASK_API_KEYS", "DTASK_FLOWER_BASIC_AUTH", "DTASK_MINIO_SECRET_KEY"):
+        # What compose gives the app for this setting, with the example's values filled in.
+        value = _VAR.sub(lambda m: example.get(m["name"], ""), str(api[var]))
+        with pytest.raises(ValidationError, match="placeholder"):
+            Settings(_env_file=None, **{var.removeprefix("DTASK_").lower(): value})  # type: ignore[call-arg]

@@ -5,13 +5,18 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
+import re
 import shutil
+import signal
 import stat
 import subprocess
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import asyncpg
+import psutil
 import pytest
 import redis
 
@@ -61,13 +66,77 @@ def pg(pg_dir: pathlib.Path) -> Iterator[EmbeddedPostgres]:
 
 def test_postgres_serves_tcp_on_loopback(pg: EmbeddedPostgres) -> None:
     url = pg.start()  # idempotent: the running server's URL
-    assert url.startswith("postgresql+asyncpg://postgres@127.0.0.1:")
-    assert url.endswith("/postgres")
+    superuser = r"postgresql\+asyncpg://postgres:[A-Za-z0-9_-]{32}@127\.0\.0\.1:\d+/postgres"
+    assert re.fullmatch(superuser, url), url
     assert reachable(url)
     assert asyncio.run(_fetchval(url, "SELECT 1")) == 1
     # Listening on loopback only, not on a unix socket.
     assert asyncio.run(_fetchval(url, "SHOW listen_addresses")) == "127.0.0.1"
     assert asyncio.run(_fetchval(url, "SHOW unix_socket_directories")) == ""
+
+
+def _without_password(url: str) -> str:
+    return re.sub(r"//([^:/@]*):[^@]+@", r"//\1@", url).replace("//@", "//")
+
+
+def _private(path: pathlib.Path) -> bool:
+    return stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_postgres_wants_the_password_kept_in_the_data_dir(
+    pg: EmbeddedPostgres, pg_dir: pathlib.Path
+) -> None:
+    url = pg.start()
+    with pytest.raises(asyncpg.InvalidPasswordError):  # no password (it used to trust every connection)
+        asyncio.run(_fetchval(_without_password(url), "SELECT 1"))
+    with pytest.raises(asyncpg.InvalidPasswordError):
+        asyncio.run(_fetchval(re.sub(r"(//[^:/@]+:)", r"\1x", url), "SELECT 1"))  # a wrong one
+    kept = pg_dir / "postgres.password"
+    assert _private(kept) and kept.read_text().strip() in url
+    assert asyncio.run(_fetchval(url, "SHOW password_encryption")) == "scram-sha-256"
+
+
+def test_the_app_database_belongs_to_a_role_that_is_no_superuser(pg: EmbeddedPostgres) -> None:
+    from tasks_core.embedded import EmbeddedAppDatabase
+
+    url = EmbeddedAppDatabase(pg, "appdb").start()
+    assert url.startswith("postgresql+asyncpg://appdb:") and url.endswith("/appdb")
+    assert asyncio.run(_fetchval(url, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user")) is False
+    owner = "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = current_database()"
+    assert asyncio.run(_fetchval(url, owner)) == "appdb"
+    asyncio.run(_execute(url, "CREATE TABLE mine (v int)"))  # migrations run as this role
+    for forbidden in ("COPY (SELECT 1) TO PROGRAM 'true'", "SELECT pg_read_file('/etc/passwd')",
+                      "ALTER SYSTEM SET work_mem = '1GB'"):  # fmt: skip
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            asyncio.run(_execute(url, forbidden))
+    with pytest.raises(asyncpg.InvalidPasswordError):
+        asyncio.run(_fetchval(_without_password(url), "SELECT 1"))
+    assert EmbeddedAppDatabase(pg, "appdb").start() == url  # the same password on every start
+
+
+def test_a_cluster_that_trusted_everyone_is_locked_at_the_next_start(tmp_path: pathlib.Path) -> None:
+    """As an earlier release left it: trust in pg_hba.conf, no password, the app's database and
+    its tables owned by the superuser."""
+    from tasks_core.embedded import EmbeddedAppDatabase
+
+    first = EmbeddedPostgres(tmp_path)
+    admin = first.start()
+    db = create_database(admin, "legacy")
+    asyncio.run(_execute(db, "CREATE TABLE kept (id bigserial PRIMARY KEY, v int)"))
+    asyncio.run(_execute(db, "INSERT INTO kept (v) VALUES (7)"))
+    first.stop()
+    (first.pgdata / "pg_hba.conf").write_text("host all all 127.0.0.1/32 trust\n")
+    (tmp_path / "postgres.password").unlink()
+    again = EmbeddedPostgres(tmp_path)
+    try:
+        admin = again.start()
+        with pytest.raises(asyncpg.InvalidPasswordError):
+            asyncio.run(_fetchval(_without_password(admin), "SELECT 1"))
+        url = EmbeddedAppDatabase(again, "legacy").start()
+        asyncio.run(_execute(url, "INSERT INTO kept (v) VALUES (8)"))  # its table and sequence
+        assert asyncio.run(_fetchval(url, "SELECT sum(v) FROM kept")) == 15
+    finally:
+        again.destroy()
 
 
 def test_create_and_drop_database(pg: EmbeddedPostgres) -> None:
@@ -120,8 +189,16 @@ def test_redis_serves_and_stops(tmp_path: pathlib.Path) -> None:
     server = EmbeddedRedis(tmp_path / "redis")
     url = server.start()
     try:
-        assert url.startswith("redis://127.0.0.1:") and url.endswith("/0")
+        assert re.fullmatch(r"redis://:[A-Za-z0-9_-]{32}@127\.0\.0\.1:\d+/0", url), url
         assert reachable(url)
+        anonymous = redis.Redis.from_url(_without_password(url))
+        with pytest.raises(redis.AuthenticationError):
+            anonymous.ping()
+        anonymous.close()
+        kept = tmp_path / "redis" / "redis.password"
+        assert _private(kept) and kept.read_text().strip() in url
+        # The password is in a config file of ours, not on a command line that `ps` shows.
+        assert kept.read_text().strip() not in " ".join(psutil.Process(server.pid).cmdline())
         client = redis.Redis.from_url(url)
         try:
             assert client.ping()
@@ -140,9 +217,12 @@ def test_redis_serves_and_stops(tmp_path: pathlib.Path) -> None:
 def test_redis_on_a_requested_port(tmp_path: pathlib.Path) -> None:
     port = free_port()
     with EmbeddedRedis(tmp_path, port=port) as server:
-        assert server.url == f"redis://127.0.0.1:{port}/0"
+        assert server.url is not None and server.url.endswith(f"@127.0.0.1:{port}/0")
         assert reachable(server.url)
+        first = server.url
     assert server.url is None
+    with EmbeddedRedis(tmp_path, port=port) as server:
+        assert server.url == first  # the password is kept with the data directory
 
 
 def test_reachable_rejects_what_it_cannot_check() -> None:
@@ -238,3 +318,94 @@ def test_as_root_binaries_out_of_reach_are_copied_not_exposed(tmp_path: pathlib.
         assert _reachable_bin_dir(account, bin_dir) == copied  # copied once, then reused
     finally:
         shutil.rmtree(copied.parent)
+
+
+# --------------------------------------------------------------------------------------------- Milvus, S3
+
+
+def _eventually(what: str, check: Callable[[], object], timeout: float = 60.0) -> None:
+    """``check`` succeeds before the deadline (a client may need a moment to reconnect)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+            problem: object = "falsy"
+        except Exception as exc:
+            problem = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: still failing after {timeout:g} s: {problem!r}")
+        time.sleep(0.5)
+
+
+def test_a_killed_milvus_and_s3_come_back_on_their_ports_for_the_clients_they_had(
+    tmp_path: pathlib.Path,
+) -> None:
+    """`dtask dev`'s servers, supervised as it supervises them: after a SIGKILL each is back on its
+    port, and clients made before the crash (every api and worker process holds some) work again."""
+    from minio import Minio
+    from pymilvus import MilvusClient
+
+    from tasks_core.dev import BACKING, DevState
+    from tasks_core.embedded_stores import s3_settings
+    from tasks_core.supervisor import RestartPolicy, ServerChild, Supervisor
+
+    said: list[str] = []
+    sup = Supervisor(RestartPolicy(first_delay=0.2), say=said.append, poll_seconds=0.1)
+    state = DevState.load(tmp_path)
+    stores = [b for b in BACKING if b.name in ("milvus", "s3")]
+    children = [ServerChild(b.name, b.embedded(tmp_path, state), b.answers) for b in stores]
+    runner = threading.Thread(target=sup.run)
+    try:
+        for child in children:
+            sup.start(child)
+        sup.wait_ready(children, 120)
+        milvus_url, s3_url = (str(c.url) for c in children)
+        vectors = MilvusClient(uri=milvus_url)
+        vectors.create_collection("kept", dimension=4)
+        s3 = s3_settings(s3_url)
+        endpoint, access, secret = (s3[f"DTASK_MINIO_{k}"] for k in ("ENDPOINT", "ACCESS_KEY", "SECRET_KEY"))
+        objects = Minio(endpoint, access, secret, secure=False)
+        objects.make_bucket("kept")
+        runner.start()
+        servers = {" ".join(p.cmdline()): p for p in psutil.Process().children()}
+        for needle in ("milvus_lite", "weed"):
+            (server,) = [p for cmd, p in servers.items() if needle in cmd]
+            server.kill()
+        _eventually("both back", lambda: sum(" is back " in line for line in said) == 2, timeout=120)
+        assert [c.url for c in children] == [milvus_url, s3_url], said
+        _eventually("the Milvus client", lambda: vectors.has_collection("kept"))
+        _eventually("the S3 client", lambda: objects.bucket_exists("kept"))
+        vectors.close()
+    finally:
+        sup.stop_signal = signal.SIGTERM
+        if runner.is_alive():
+            runner.join(timeout=10)
+        sup.stop_all()
+
+
+def test_dev_says_in_one_line_when_a_kept_port_is_taken(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    from tasks_core.dev import BACKING, DevState, Source, Stack, _start_servers
+    from tasks_core.supervisor import Supervisor
+
+    state = DevState.load(tmp_path)
+    # Only Redis is embedded here (the others "come from the environment" and are not started).
+    sources = {b.var: Source(None if b.name == "redis" else "configured", "the environment") for b in BACKING}
+    sources["DTASK_REDIS_URL"] = Source(None, "embedded")
+    sup = Supervisor()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        state.ports["redis"] = port  # what the last run on this data directory used
+        try:
+            _start_servers(sup, Stack(tmp_path, state, sources))
+        finally:
+            sup.stop_all()
+    said = [line for line in capsys.readouterr().err.splitlines() if str(port) in line]
+    assert len(said) == 1 and "redis" in said[0] and "taken" in said[0], said
+    assert state.ports["redis"] != port

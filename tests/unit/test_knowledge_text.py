@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
+from typing import Any
 
 import pytest
 
-from domains.knowledge.chunking import chunk_text, paragraphs
+from domains.knowledge.chunking import _split_long, chunk_text, paragraphs
 from domains.knowledge.embedding import HashingEmbedder, load_embedder
 from domains.knowledge.parsing import ParseError, extract_text, file_type_of
 from tests.knowledge_helpers import make_pdf
@@ -97,3 +99,71 @@ def test_embedders_load_by_name_or_path() -> None:
     assert load_embedder("domains.knowledge.embedding:HashingEmbedder").name == "hashing-1024"
     with pytest.raises(ValueError, match="not an Embedder"):
         load_embedder("domains.knowledge.chunking:MAX_CHARS")
+
+
+# ------------------------------------------------------------------------------------- linear chunking
+
+
+def _reference_split_long(paragraph: str, limit: int) -> list[str]:
+    """The splitter as it was before it was made linear: the chunks it gave are the contract."""
+    pieces: list[str] = []
+    rest = paragraph
+    while len(rest) > limit:
+        window = rest[:limit]
+        cut = max(window.rfind(". "), window.rfind("! "), window.rfind("? "))
+        if cut < limit // 2:
+            cut = window.rfind(" ")
+        cut = cut + 1 if cut >= limit // 4 else limit
+        pieces.append(rest[:cut].strip())
+        rest = rest[cut:].strip()
+    if rest:
+        pieces.append(rest)
+    return pieces
+
+
+def _texts() -> list[str]:
+    """Ordinary and awkward texts: prose, one long paragraph, no spaces, CJK, odd whitespace."""
+    rng = random.Random(7)
+    words = ["lighthouse", "a", "keeper's", "log.", "Fresnel!", "lens?", "x" * 300, "第二", "—", "end."]
+    out = []
+    for n in (0, 1, 5, 50, 400, 3000):
+        out.append(" ".join(rng.choice(words) for _ in range(n)))
+        paras = (" ".join(rng.choice(words) for _ in range(rng.randint(1, 200))) for _ in range(n // 10 + 1))
+        out.append("\n\n".join(paras))
+    out += ["y" * 5000, "灯塔看守人的日志。" * 700, " \t\n".join(["word"] * 900), "a. " * 2000]
+    out.append("Z" + " " * 9 + "z" * 999)
+    return out
+
+
+@pytest.mark.parametrize("sizes", [(1000, 200), (500, 100), (300, 20), (120, 50)])
+def test_the_linear_splitter_cuts_exactly_where_the_old_one_did(sizes: tuple[int, int]) -> None:
+    limit = sizes[0] - sizes[1]  # what chunk_text gives the splitter
+    for text in _texts():
+        for paragraph in paragraphs(text):
+            assert _split_long(paragraph, limit) == _reference_split_long(paragraph, limit)
+
+
+class _CountingStr(str):
+    """A str that adds up the characters of every slice taken of it (or of the slices' slices)."""
+
+    copied = 0
+
+    def __getitem__(self, key: Any) -> _CountingStr:
+        piece = str.__getitem__(self, key)
+        _CountingStr.copied += len(piece)
+        return _CountingStr(piece)
+
+    def strip(self, chars: str | None = None) -> _CountingStr:
+        piece = str.strip(self, chars)
+        _CountingStr.copied += len(piece)
+        return _CountingStr(piece)
+
+
+def test_splitting_one_long_paragraph_copies_each_character_a_bounded_number_of_times() -> None:
+    # The old splitter copied the whole rest of the paragraph at every cut: for n characters in
+    # pieces of 800 that is about n*n/1600 characters copied (a 16 MB one-line file took 19 s).
+    paragraph = " ".join(f"word{i}" for i in range(40_000))  # ~390,000 characters, one paragraph
+    _CountingStr.copied = 0
+    pieces = _split_long(_CountingStr(paragraph), 800)
+    assert "".join(pieces).replace(" ", "") == paragraph.replace(" ", "")
+    assert _CountingStr.copied <= 4 * len(paragraph)

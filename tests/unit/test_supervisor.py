@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from tasks_core.supervisor import ChildFailed, RestartPolicy, StopRequested, Supervisor
+from tasks_core.supervisor import ChildFailed, RestartPolicy, ServerChild, StopRequested, Supervisor
 
 
 class Clock:
@@ -115,3 +115,42 @@ def test_stop_all_stops_processes_before_servers() -> None:
     sup.start(app)
     sup.stop_all()
     assert order == ["worker", "postgres"]
+
+
+class MovingServer:
+    """An embedded server that serves at another URL after each start."""
+
+    def __init__(self) -> None:
+        self.starts = 0
+        self.running = False
+
+    def start(self) -> str:
+        self.starts += 1
+        self.running = True
+        return f"redis://127.0.0.1:{6000 + self.starts}/0"
+
+    def stop(self) -> None:
+        self.running = False
+
+    def exit_reason(self) -> str | None:
+        return None if self.running else "is not running"
+
+
+def test_a_server_that_comes_back_elsewhere_is_not_taken_for_back() -> None:
+    clock, lines = Clock(), []
+
+    def sleep(seconds: float) -> None:  # a stop signal after a minute, should the stack go on
+        clock.sleep(seconds)
+        if clock.now > 60:
+            sup.stop_signal = signal.SIGTERM
+
+    policy = RestartPolicy(max_crashes=3, window=60, first_delay=1, max_delay=1)
+    sup = Supervisor(policy, say=lines.append, clock=clock, sleep=sleep, poll_seconds=0.1)
+    server = MovingServer()
+    child = ServerChild("redis", server, answers=lambda url: True)
+    sup.start(child)
+    server.running = False  # it crashed
+    assert sup.run() == 1  # every restart lands elsewhere: the stack stops instead of serving nobody
+    assert child.url == "redis://127.0.0.1:6001/0" and server.starts == 3
+    assert not any(" is back " in line for line in lines), lines
+    assert any("came back at another address" in line for line in lines), lines
