@@ -348,10 +348,14 @@ def _postmaster_alive(pid: int, pgdata: pathlib.Path) -> bool:
 
 
 def spawn_logged(
-    cmd: list[str], log_path: pathlib.Path, cwd: pathlib.Path | None = None
+    cmd: list[str],
+    log_path: pathlib.Path,
+    cwd: pathlib.Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """A server process writing to ``log_path``, in a session of its own: a terminal's Ctrl-C
-    stays away from it (`dtask dev` stops the servers last, after the processes using them)."""
+    stays away from it (`dtask dev` stops the servers last, after the processes using them).
+    ``env``: variables added to this process's environment for it."""
     with log_path.open("ab") as log_file:
         return subprocess.Popen(
             cmd,
@@ -360,6 +364,7 @@ def spawn_logged(
             stderr=subprocess.STDOUT,
             start_new_session=True,
             cwd=cwd,
+            env=None if env is None else {**os.environ, **env},
         )
 
 

@@ -247,7 +247,8 @@ async def owned_in_progress(conn: AsyncConnection, task_id: uuid.UUID) -> list[s
 async def start(conn: AsyncConnection, file_id: str, task_id: uuid.UUID, token: uuid.UUID) -> Row | None:
     """-> ``parsing`` under this attempt; None unless the task owns the file. A file an earlier
     attempt of the same task left in progress starts over (the claim made this attempt the task's
-    only owner, and every later move of the old one names its token, so it writes nothing)."""
+    only owner, and every later move of the old one names its token, so it writes nothing). With
+    the file: its base's embedder and dimension, and how many chunk rows it has now."""
     row = (
         (
             await conn.execute(
@@ -257,7 +258,8 @@ async def start(conn: AsyncConnection, file_id: str, task_id: uuid.UUID, token: 
                updated_at = {NOW}
         FROM knowledge_bases b
         WHERE f.file_id = :id AND f.task_id = :task AND f.status IN {_IN_PROGRESS} AND b.id = f.kb_id
-        RETURNING f.*, b.embedder, b.dimension"""
+        RETURNING f.*, b.embedder, b.dimension,
+            (SELECT count(*) FROM knowledge_chunks c WHERE c.file_id = f.file_id) AS chunk_rows"""
                 ),
                 {"id": file_id, "task": task_id, "tok": token},
             )

@@ -154,6 +154,14 @@ async def index_file(ctx: TaskContext, stores: KnowledgeStores, file_id: str) ->
     except ParseError as exc:
         return await fail(ERROR_PARSING, str(exc))
     chunk_ids = [f"{file_id}-{seq}" for seq in range(len(texts))]
+    # Chunk ids are <file>-<seq>, so the upserts below overwrite every vector an earlier attempt or
+    # an earlier version of the file wrote, except those past this version's last chunk: they are
+    # removed first, by id, before the chunk rows that count them are replaced (so a crash between
+    # the two leaves a count that still covers every vector there may be).
+    stale = [f"{file_id}-{seq}" for seq in range(len(texts), row["chunk_rows"])]
+    if stale:
+        async with store_step():
+            await (await _index(stores, base_id, row["dimension"])).delete_chunks(stale)
     async with ctx.owning_transaction() as conn:
         if not await catalog.advance(conn, file_id, task, token, PARSING, PARSED):
             raise FileGone(f"file {file_id} was deleted or taken over")
@@ -206,9 +214,8 @@ async def _replace_vectors(
     chunk_ids: list[str],
     texts: list[str],
 ) -> None:
-    # Delete by file, then upsert by chunk id: whatever an earlier attempt left is removed or
-    # overwritten, never duplicated.
-    await index.delete_file(file_id)
+    # Upserts by chunk id: whatever an earlier attempt left is overwritten, never duplicated (and
+    # what lay past the last chunk was removed before the chunk rows were replaced).
     for start in range(0, len(texts), EMBED_BATCH):
         ctx.raise_if_cancelled()
         batch = texts[start : start + EMBED_BATCH]

@@ -23,6 +23,7 @@ from domains.knowledge.errors import CollectionMissing, StoreUnavailable
 T = TypeVar("T")
 SERVICE = "Milvus"
 UPSERT_BATCH = 64
+DELETE_BATCH = 1000
 # Rows per call when the verifier reads a whole collection.
 SCAN_BATCH = 4096
 # Search and counts read their own writes: an indexed file is searchable at once.
@@ -50,14 +51,27 @@ def connect(uri: str, timeout: float) -> Any:
     return MilvusClient(uri=uri, timeout=timeout, grpc_options=GRPC_OPTIONS)
 
 
+# Server codes for a request that is wrong whatever the server's state (a vector of another
+# dimension, an id over its length, a bad filter): retrying it would fail for ever.
+_INPUT_ERRORS = frozenset({6, 1100})
+
+
 def _transient(exc: BaseException) -> bool:
     """A failure of the server or the way to it, not of our request: worth waiting out."""
     import grpc  # loaded with pymilvus
-    from pymilvus.exceptions import MilvusException, ParamError
+    from pymilvus.exceptions import (
+        DataNotMatchException,
+        DataTypeNotMatchException,
+        MilvusException,
+        ParamError,
+    )
 
-    if isinstance(exc, ParamError):
+    if isinstance(exc, ParamError | DataNotMatchException | DataTypeNotMatchException):
         return False  # our bug, not the server's state
-    # A deadline or an unreachable server surfaces as a raw gRPC error or as pymilvus' own.
+    if isinstance(exc, MilvusException) and (exc.is_input_error or exc.code in _INPUT_ERRORS):
+        return False
+    # A deadline or a stopped server surfaces as a raw gRPC error (DEADLINE_EXCEEDED), a killed one
+    # as pymilvus' own (code 2, "Fail connecting to server").
     return isinstance(exc, MilvusException | grpc.RpcError | ConnectionError | TimeoutError)
 
 
@@ -87,7 +101,9 @@ async def _classified(deadline: float, fn: Callable[..., T], *args: Any, **kwarg
         lowered = message.lower()
         # Gone, or not loaded (a restarted server leaves collections released): either way the
         # caller drops its cached handle and the rebuild creates or loads the collection.
-        if any(word in lowered for word in ("not exist", "not found", "released", "not loaded")):
+        if getattr(exc, "code", None) == 100 or any(
+            word in lowered for word in ("not exist", "not found", "released", "not loaded")
+        ):
             raise CollectionMissing(message) from exc
         raise StoreUnavailable(SERVICE, message) from exc
 
@@ -148,7 +164,14 @@ class BaseIndex:
         self.deadline = deadline
 
     async def delete_file(self, file_id: str) -> None:
+        """Every vector of the file (a scan of the collection: for removing a file, not per ingest)."""
         await call(self.deadline, self.client.delete, self.name, filter=f'file_id == "{file_id}"')
+
+    async def delete_chunks(self, chunk_ids: Sequence[str]) -> None:
+        """These chunks' vectors, by primary key: no scan, so its cost does not grow with the base."""
+        for start in range(0, len(chunk_ids), DELETE_BATCH):
+            batch = list(chunk_ids[start : start + DELETE_BATCH])
+            await call(self.deadline, self.client.delete, self.name, ids=batch)
 
     async def upsert(
         self, file_id: str, chunk_ids: Sequence[str], vectors: Sequence[Sequence[float]]

@@ -353,3 +353,40 @@ async def test_an_upload_over_the_owners_pending_quota_stores_nothing(
         assert await scalar(svc, "SELECT count(*) FROM tasks") == 0
         assert object_names(knowledge_stores, f"{base}/") == []  # the originals were taken back
         assert (await upload(client, base, [(f"f{i}.txt", b"words") for i in range(3)])).status_code == 202
+
+
+async def test_a_reindex_removes_the_vectors_past_the_files_last_chunk_by_id(
+    knowledge_stores: dict[str, str],
+) -> None:
+    """Chunk ids are <file>-<seq>: a reindex overwrites every vector it has a chunk for, and
+    removes the ones past its last chunk (an earlier version's) by id, not by a scan of the base."""
+    import random
+
+    from sqlalchemy import text
+
+    async with knowledge_api() as (client, svc):
+        base = await create_base(client)
+        entry = (await upload(client, base, [("doc.txt", b"some words here. " * 200)])).json()["files"][0]
+        assert await run_pending(svc) == ["success"]
+        file_id = entry["id"]
+        chunks = (await file_row(svc, file_id))["chunk_count"]
+        milvus = milvus_client(knowledge_stores)
+        # As if an earlier version of the file had three chunks more: their rows and vectors.
+        extra = [f"{file_id}-{seq}" for seq in range(chunks, chunks + 3)]
+        vectors = [[random.random() for _ in range(1024)] for _ in extra]
+        rows = [{"chunk_id": c, "file_id": file_id, "vector": v} for c, v in zip(extra, vectors, strict=True)]
+        milvus.upsert(f"kb_{base}", rows)
+        async with svc.engine.begin() as conn:
+            token = (await conn.execute(text("SELECT attempt_token FROM knowledge_chunks LIMIT 1"))).scalar()
+            for seq, chunk_id in enumerate(extra, chunks):
+                await conn.execute(
+                    text("INSERT INTO knowledge_chunks VALUES (:c, :f, :s, 'old text', :t)"),
+                    {"c": chunk_id, "f": file_id, "s": seq, "t": token},
+                )
+        assert vector_count(milvus, base, file_id) == chunks + 3
+
+        assert (await client.post(f"/knowledge/files/{file_id}/reindex", headers=ALICE)).status_code == 202
+        assert await run_pending(svc) == ["success"]
+        assert vector_count(milvus, base, file_id) == chunks == (await file_row(svc, file_id))["chunk_count"]
+        rows_left = await scalar(svc, "SELECT count(*) FROM knowledge_chunks WHERE file_id = :id", id=file_id)
+        assert rows_left == chunks
