@@ -150,3 +150,17 @@ async def test_search_and_indexing_go_on_after_milvus_restarts(
             assert r.json()["hits"][0]["text"] == "meadow copper orchard"
     finally:
         milvus.stop()
+
+
+async def test_a_wrong_request_is_an_error_of_ours_never_an_outage_to_wait_out(
+    knowledge_stores: dict[str, str],
+) -> None:
+    """A vector of the wrong dimension fails the same way however often it is sent: retrying it as
+    if Milvus were down would hold the file for all its attempts."""
+    from domains.knowledge.errors import StoreError
+
+    stores = stores_for(Settings())
+    index = await stores.index(new_id(), stores.embedder.dimension)
+    with pytest.raises(Exception) as failure:
+        await index.upsert("f", ["f-0"], [[0.5] * 7])
+    assert not isinstance(failure.value, StoreError), repr(failure.value)
