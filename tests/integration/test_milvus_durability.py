@@ -42,3 +42,4 @@ async def test_concurrently_written_vectors_survive_a_kill_and_restart(faulty_st
     client = await vectors.call(DEADLINE, vectors.connect, uri)
     await vectors.ensure_collection(client, name, 1024, DEADLINE)  # loads it again
     assert await vectors.BaseIndex(client, name, DEADLINE).count() == written
+    await vectors.drop_collection(client, name, DEADLINE)
