@@ -1,8 +1,9 @@
 """Chunk vectors in Milvus through ``pymilvus``: one collection per base, keyed by chunk id.
 
-Replacing a file's vectors deletes them by ``file_id`` and then upserts by chunk id (the chunk
-id is ``<file_id>-<seq>``, the same in every attempt): whatever a crashed or overtaken attempt
-left behind is deleted or overwritten, never duplicated. Every call blocks (gRPC), so each runs
+A file's vectors are upserted by chunk id (``<file_id>-<seq>``, the same in every attempt), so
+whatever a crashed or overtaken attempt left behind is overwritten, never duplicated; the few past
+a new version's last chunk are deleted by id (``delete_chunks``: by primary key, no scan of the
+collection, so its cost does not grow with the base). Every call blocks (gRPC), so each runs
 in Milvus' own threads (``calls``) with a deadline: a slow or stalled Milvus never stalls the event
 loop, the lease heartbeat or the other stores, and surfaces as ``StoreUnavailable``.
 
@@ -28,8 +29,7 @@ DELETE_BATCH = 1000
 SCAN_BATCH = 4096
 # Search and counts read their own writes: an indexed file is searchable at once.
 CONSISTENCY = "Strong"
-
-
+# Every base's collection is PREFIX + its id; other collections on the server are not ours.
 PREFIX = "kb_"
 
 
