@@ -40,11 +40,21 @@ ACTIVE_SQL = "('pending', 'running')"
 # Why a pre-durable task that was pending or running ends failed (`legacy_interrupted`).
 INTERRUPTED_MESSAGE = "interrupted by the upgrade from the pre-durable release; resubmit to run it again"
 TERMINAL_SQL = "('success', 'failed', 'cancelled')"
-# The row's owner runs fewer than :omax tasks (no limit when :omax is NULL; tasks without an owner,
-# submitted through the Python API, are exempt). Evaluated on `tasks` rows (claim, relay, publisher).
-OWNER_UNDER_LIMIT = """(CAST(:omax AS int) IS NULL OR tasks.owner IS NULL
-    OR (SELECT count(*) FROM tasks mine WHERE mine.status = 'running' AND mine.owner = tasks.owner)
-       < CAST(:omax AS int))"""
+
+
+def _owner_under_limit(ending: str | None = None) -> str:
+    """The row's owner runs fewer than :omax tasks (no limit when :omax is NULL; tasks without an
+    owner, submitted through the Python API, are exempt). Evaluated on `tasks` rows (claim, relay,
+    publisher). ``ending``: a CTE of rows this same statement takes out of running, which its
+    snapshot still counts (the terminal write's relay: its own finishing task)."""
+    running = "(SELECT count(*) FROM tasks mine WHERE mine.status = 'running' AND mine.owner = tasks.owner)"
+    if ending is not None:
+        running += f" - (SELECT count(*) FROM {ending} WHERE {ending}.owner = tasks.owner)"
+    return f"""(CAST(:omax AS int) IS NULL OR tasks.owner IS NULL
+    OR {running} < CAST(:omax AS int))"""
+
+
+OWNER_UNDER_LIMIT = _owner_under_limit()
 # An Idempotency-Key answers retries for this long (design §8: 24 h).
 IDEMPOTENCY_TTL_SECONDS = 24 * 3600
 class Statement:
@@ -76,10 +86,11 @@ class Statement:
         return [params[name] for name in self.names]
 
 
-def _due_ctes(freed: str = "0", *, republish: bool = False) -> str:
+def _due_ctes(freed: str = "0", *, ending: str | None = None, republish: bool = False) -> str:
     """`budget` and `due`: the oldest runnable pending tasks capacity can take now (see take_due),
     locked for stamping. ``freed``: slots this same statement gives back, which its snapshot still
-    sees as held. Without ``republish`` only tasks with no message in flight are due (the relay's
+    sees as held; ``ending``: the CTE of the task(s) it ends, which its snapshot still sees running
+    for their owner. Without ``republish`` only tasks with no message in flight are due (the relay's
     case, which ix_tasks_unpublished serves whatever the plan); with it also those published
     longer than ``:after`` seconds ago (the publisher's)."""
     unsent = "last_published_at IS NULL"
@@ -100,7 +111,7 @@ def _due_ctes(freed: str = "0", *, republish: bool = False) -> str:
           AND {unsent}
           AND (task_type, handler_version) IN (
               SELECT * FROM unnest(CAST(:types AS text[]), CAST(:versions AS int[])))
-          AND {OWNER_UNDER_LIMIT}
+          AND {_owner_under_limit(ending)}
         ORDER BY created_at, id
         LIMIT least(CAST(:limit AS int), greatest(0, (SELECT n FROM budget)))
         FOR UPDATE SKIP LOCKED)"""
@@ -170,7 +181,7 @@ FINISH_SQL = Statement(text(
         FROM done WHERE task_attempts.token = :tok AND task_attempts.ended_at IS NULL),
     freed AS (
         UPDATE task_slots SET task_id = NULL, token = NULL FROM done WHERE task_slots.task_id = done.id),
-    {_due_ctes(freed="SELECT count(*) FROM done")},
+    {_due_ctes(freed="SELECT count(*) FROM done", ending="done")},
     relayed AS (
         UPDATE tasks t SET last_published_at = {NOW}, publish_error = NULL
         FROM due WHERE t.id = due.id AND EXISTS (SELECT 1 FROM done)

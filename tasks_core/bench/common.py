@@ -317,7 +317,11 @@ class BenchEnv:
         return env
 
     def dtask_settings(self, db_url: str | None, **overrides: Any) -> dict[str, str]:
-        """DTASK_* variables for a worker/beat process on this run's database and Redis DB."""
+        """DTASK_* variables for a worker/beat process on this run's database and Redis DB. A
+        bench is one tenant measuring the whole capacity: its running limit is the capacity (by
+        default an owner leaves a quarter of it to others), unless the bench sets one."""
+        if "capacity" in overrides:
+            overrides.setdefault("owner_max_running", overrides["capacity"])
         settings = {"DTASK_BROKER_URL": self.transport, "DTASK_REDIS_URL": self.broker}
         if db_url is not None:
             settings["DTASK_DATABASE_URL"] = db_url
@@ -396,9 +400,13 @@ def _drop(admin_url: str, name: str) -> None:
 
 
 def client_settings(db_url: str, broker: str, redis: str | None = None, **overrides: Any) -> Settings:
-    """Settings for the in-process submitter, independent of the caller's DTASK_* environment."""
-    return Settings(_env_file=None, database_url=db_url, broker_url=broker, redis_url=redis or broker,  # type: ignore[call-arg]
-                    **overrides)
+    """Settings for the in-process submitter, independent of the caller's DTASK_* environment (its
+    running limit is the capacity, as the workers' are: see BenchEnv.dtask_settings)."""
+    settings = Settings(_env_file=None, database_url=db_url, broker_url=broker, redis_url=redis or broker,  # type: ignore[call-arg]
+                        **overrides)
+    if "owner_max_running" not in overrides:
+        settings.owner_max_running = settings.capacity
+    return settings
 
 
 def durable_services(env: BenchEnv, db_url: str, *, pool_size: int = 5, **overrides: Any) -> Any:

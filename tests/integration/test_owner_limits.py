@@ -180,3 +180,18 @@ async def test_a_claim_of_an_unknown_id_changes_nothing(services: Any) -> None:
     assert await services.repo.claim(uuid.uuid4(), services.registry, capacity=4, lease_seconds=30) == (
         "unknown_task"
     )
+
+
+async def test_an_owners_finishing_task_hands_its_slot_to_that_owners_next_task(services: Any) -> None:
+    """The terminal write picks what the freed slot takes next in the same statement, whose snapshot
+    still sees the finishing task running: counted, it would put its owner at the limit, and the
+    owner's next task would wait for the periodic publisher."""
+    from tasks_core.repository import RelayOptions
+
+    repo, registry = services.repo, services.registry
+    first, second = [await submit(repo, owner="alice") for _ in range(2)]
+    running = await repo.claim(first, registry, capacity=4, lease_seconds=30, owner_max_running=1)
+    assert not isinstance(running, str)
+    hand_on = RelayOptions(registry, capacity=4, ahead=0, window=60.0, limit=100, owner_max_running=1)
+    finished = await repo.finish_and_relay(first, running.token, registry, status=Status.SUCCESS, relay=hand_on)
+    assert [task_id for task_id, _ in finished.relay] == [second]

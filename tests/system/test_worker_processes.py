@@ -245,10 +245,12 @@ async def test_capacity_is_never_exceeded_and_the_relay_hands_on_without_beat(
     can take on the broker (4 slots + 4 ahead), the messages refused for capacity are gone, so only
     the relay (after each terminal write; its pick run by the same process, DTASK_WORKER_RUN_NEXT)
     can start the rest."""
-    # 4 messages queued ahead (not the default while run-next is on), so claims are refused.
-    services.settings.publish_ahead = 4
+    # 4 messages queued ahead (not the default while run-next is on), so claims are refused. One
+    # owner submits them all: its running limit is the capacity here (by default it keeps a slot
+    # back for other owners, and capacity is what this test fills).
+    services.settings.publish_ahead, services.settings.owner_max_running = 4, 4
     worker = cluster.start_worker(concurrency=8, pool=pool, DTASK_CAPACITY="4", DTASK_PUBLISH_SECONDS="3600",
-                                  DTASK_PUBLISH_AHEAD="4")
+                                  DTASK_PUBLISH_AHEAD="4", DTASK_OWNER_MAX_RUNNING="4")
     await cluster.wait_worker_ready(worker)
 
     intents = [TaskIntent("diagnostics.sleep", {"seconds": 2, "steps": 2}) for _ in range(12)]
