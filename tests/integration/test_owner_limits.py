@@ -193,5 +193,7 @@ async def test_an_owners_finishing_task_hands_its_slot_to_that_owners_next_task(
     running = await repo.claim(first, registry, capacity=4, lease_seconds=30, owner_max_running=1)
     assert not isinstance(running, str)
     hand_on = RelayOptions(registry, capacity=4, ahead=0, window=60.0, limit=100, owner_max_running=1)
-    finished = await repo.finish_and_relay(first, running.token, registry, status=Status.SUCCESS, relay=hand_on)
+    finished = await repo.finish_and_relay(
+        first, running.token, registry, status=Status.SUCCESS, relay=hand_on
+    )
     assert [task_id for task_id, _ in finished.relay] == [second]
