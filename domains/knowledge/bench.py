@@ -157,6 +157,10 @@ async def _run(opts: IngestOptions, files: int) -> dict[str, Any]:
             db_url = await env.create_database("knowledge")
             secret, hostile_secret = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
             settings = env.dtask_settings(db_url, capacity=opts.capacity, worker_concurrency=opts.concurrency)
+            if opts.beside_hostile:
+                # Two tenants, under the per-owner running limit a deployment has by default (a
+                # bench of one tenant gets the whole capacity).
+                del settings["DTASK_OWNER_MAX_RUNNING"]
             stores = {"DTASK_MILVUS_URI": uri, **endpoint.env(), "DTASK_MINIO_BUCKET": "dtask-bench"}
             worker_env = effective_settings(settings)
             doc.settings.update(worker_env=worker_env, celery=env.celery_settings())
