@@ -263,9 +263,12 @@ KNOWLEDGE_WORKLOAD = "domains.knowledge.bench"
 
 @bench_app.command("knowledge-ingest")
 def knowledge_ingest(
-    files: Annotated[int | None, _opt("files per round (default 200)", 1)] = None,
+    files: Annotated[int | None, _opt("files per round (default 200; 20 with --beside-hostile)", 1)] = None,
     size: Annotated[int | None, _opt("bytes per file (default 4096)", 16)] = None,
     batch: Annotated[int | None, _opt("files per upload request (default 100)", 1)] = None,
+    beside_hostile: Annotated[bool, typer.Option(
+        "--beside-hostile",
+        help="tenant isolation: tenant B's files alone vs after tenant A's hostile documents")] = False,
     concurrency: Concurrency = None,
     capacity: Capacity = None,
     quick: Quick = False, rounds: Rounds = None, out: Out = None, admin_url: AdminUrl = None,
@@ -273,10 +276,14 @@ def knowledge_ingest(
 ) -> None:
     """Files/s and p50/p99 upload-to-indexed: multipart uploads to a `dtask api`, indexed by a worker.
 
-    Milvus (milvus-lite) and S3 (SeaweedFS) are started for the run on loopback.
+    Milvus (milvus-lite) and S3 (SeaweedFS) are started for the run on loopback. With
+    --beside-hostile, alternating rounds time tenant B's files alone and right after tenant A
+    uploaded two amplification PDFs and a 16 MB one-line text: the ratio, A's files' endings and
+    the worker's peak RSS.
     """
     workload = importlib.import_module(KNOWLEDGE_WORKLOAD)
     _execute(workload, workload.IngestOptions, quick, out, dict(
-        files=files, size=size, batch=batch, concurrency=concurrency, capacity=capacity, rounds=rounds,
-        admin_url=admin_url, redis_url=redis_url, redis_db=redis_db, flush_redis=flush_redis or None,
+        files=files, size=size, batch=batch, beside_hostile=beside_hostile or None, concurrency=concurrency,
+        capacity=capacity, rounds=rounds, admin_url=admin_url, redis_url=redis_url, redis_db=redis_db,
+        flush_redis=flush_redis or None,
     ))

@@ -1,5 +1,6 @@
-"""`dtask bench knowledge-ingest`, tiny (`--quick`), end to end, so it cannot rot; full size under
-`-m benchmark`. It starts its own api, worker, milvus-lite and SeaweedFS on loopback."""
+"""`dtask bench knowledge-ingest`, tiny (`--quick`), end to end, so it cannot rot, with and without
+`--beside-hostile`; full size under `-m benchmark`. It starts its own api, worker, milvus-lite and
+SeaweedFS on loopback."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from domains.knowledge.bench import ALONE, BESIDE, P99_RATIO, TIME_RATIO
 from tests.benchmarks.test_bench_smoke import _root
 
 
@@ -39,6 +41,31 @@ def test_knowledge_ingest_quick(tmp_path: Path, redis_url: str) -> None:
     assert round_["files_per_s"] > 0 and 0 < round_["p50_ms"] <= round_["p99_ms"]
     assert data["variants"]["batch-upload"]["pooled_upload_to_indexed_ms"]["n"] == data["settings"]["files"]
     assert data["table"]["rows"] and "api_keys" not in json.dumps(data["settings"]["worker_env"])
+
+
+@pytest.mark.system
+def test_knowledge_ingest_beside_hostile_quick(tmp_path: Path, redis_url: str) -> None:
+    out = tmp_path / "isolation.json"
+    args = ["bench", "knowledge-ingest", "--quick", "--beside-hostile", "--out", str(out)]
+    result = CliRunner().invoke(_root(), [*args, "--redis-url", redis_url])
+    assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+    data = json.loads(out.read_text())
+    files = data["settings"]["files"]
+    assert set(data["variants"]) == {ALONE, BESIDE}
+    for variant in data["variants"].values():
+        [round_] = variant["rounds"]
+        assert round_["files"] == round_["indexed"] == files and round_["errors"] == 0
+        assert round_["files_per_s"] > 0 and round_["worker_peak_rss_mb"] > 0
+        assert variant["pooled_upload_to_indexed_ms"]["n"] == files
+    assert data["ratios"][TIME_RATIO] > 0 and data["ratios"][P99_RATIO] > 0
+    # Every hostile file ends error_parsing, with a message naming the limit's setting.
+    hostile = data["variants"][BESIDE]
+    [round_] = hostile["rounds"]
+    assert sorted(e["filename"] for e in round_["a_endings"]) == sorted(data["settings"]["hostile_files"])
+    for ending in round_["a_endings"]:
+        assert ending["status"] == "error_parsing" and "(DTASK_KNOWLEDGE_" in ending["error_message"], ending
+    assert hostile["a_error_parsing"] == hostile["a_files"] == 3
+    assert [row[0] for row in data["table"]["rows"]] == [ALONE, BESIDE]
 
 
 @pytest.mark.benchmark

@@ -12,10 +12,10 @@ import psutil
 import pytest
 
 from domains.knowledge.chunking import chunk_text
+from domains.knowledge.hostile import many_operators_bomb, one_operator_bomb, slow_pdf
 from domains.knowledge.parse_process import MODULE
 from domains.knowledge.parsing import extract_text
 from tasks_core.settings import Settings
-from tests.knowledge_bombs import many_operators_bomb, one_operator_bomb, slow_pdf
 from tests.knowledge_helpers import ALICE, create_base, file_row, knowledge_api, make_pdf, upload
 from tests.system.conftest import LEASE_SECONDS, Cluster, Proc, wait_for
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from domains.knowledge.chunking import chunk_text
+from domains.knowledge.hostile import many_operators_bomb
 from domains.knowledge.parse_child import parse
 from domains.knowledge.parse_process import ParseLimits
 from domains.knowledge.parsing import LimitExceeded, ParseError, extract_text
 from tasks_core.settings import Settings
-from tests.knowledge_bombs import many_operators_bomb
 from tests.knowledge_helpers import make_pdf
 
 

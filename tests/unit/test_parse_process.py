@@ -16,9 +16,9 @@ import pytest
 
 from domains.knowledge import parse_process
 from domains.knowledge.chunking import chunk_text
+from domains.knowledge.hostile import many_operators_bomb, one_operator_bomb, slow_pdf
 from domains.knowledge.parse_process import ParseLimits, parse_file
 from domains.knowledge.parsing import ParseError, extract_text
-from tests.knowledge_bombs import many_operators_bomb, one_operator_bomb, slow_pdf
 from tests.knowledge_helpers import make_pdf
 
 T = TypeVar("T")

@@ -1,4 +1,10 @@
-"""Hostile documents, built in the test: small files whose text is enormous, or slow to extract."""
+"""Hostile documents for the benchmarks and tests: small files whose text is enormous, or slow
+to extract, built in memory (nothing here is used to serve requests).
+
+Each one is within the upload limit and ends ``error_parsing`` at a parsing limit: the point of
+building them is to show that it does, and what it costs everyone else meanwhile
+(``dtask bench knowledge-ingest --beside-hostile``, ``tests/system/test_knowledge_parsing.py``).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,8 @@ from collections.abc import Sequence
 
 # One byte of an amplification PDF's content stream shows this many characters.
 EXPANSION = 255
+# The default DTASK_MAX_UPLOAD_BYTES: the largest file an upload accepts.
+LINE_BYTES = 16 * 1024 * 1024
 
 
 def _pdf(objects: Sequence[bytes]) -> bytes:
@@ -85,3 +93,20 @@ def slow_pdf(pages: int, operators: int = 10_000) -> bytes:
     and little memory, but pypdf's extraction is slow (about 0.7 s a page of 10,000 here)."""
     content = b"BT /F1 12 Tf 50 700 Td (a) Tj ET\n" * operators
     return _pages_sharing(content, pages, b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
+
+
+def one_line_text(size: int = LINE_BYTES) -> bytes:
+    """A text of one line of ``size`` bytes, no paragraph to cut it at (16 MB: 16.8 million
+    characters, over the default character limit)."""
+    return b"x" * size
+
+
+def hostile_set() -> list[tuple[str, bytes]]:
+    """(file name, content) of the three hostile uploads the isolation benchmark sends: each ends
+    ``error_parsing`` under the default limits, the first at the memory limit, the others at the
+    character limit."""
+    return [
+        ("one-operator.pdf", one_operator_bomb()),
+        ("many-operators.pdf", many_operators_bomb()),
+        ("line.txt", one_line_text()),
+    ]
