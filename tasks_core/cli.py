@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -354,9 +355,16 @@ def _watch(task_id: uuid.UUID) -> NoReturn:
 
 
 def _wait(task_id: uuid.UUID) -> int:
+    """Show the task's progress until it ends; KeyboardInterrupt on Ctrl-C.
+
+    Ctrl-C only sets a flag the polling loop reads at its next turn: raised wherever the signal
+    happened to land (inside the event loop's construction, say), it ended the command with a
+    traceback about a half-made loop instead of the sentence that the task goes on."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    async def go() -> dict[str, Any]:
+    interrupted = threading.Event()
+
+    async def go() -> dict[str, Any] | None:
         async with client_services() as services:
             with Progress(
                 TextColumn("{task.description}"),
@@ -366,7 +374,7 @@ def _wait(task_id: uuid.UUID) -> int:
                 transient=False,
             ) as bar:
                 handle = bar.add_task("pending", total=100)
-                while True:
+                while not interrupted.is_set():
                     row = await services.repo.get(task_id)
                     if row is None:
                         raise RuntimeError("task disappeared")
@@ -375,8 +383,15 @@ def _wait(task_id: uuid.UUID) -> int:
                     if row["status"] in ("success", "failed", "cancelled"):
                         return dict(row)
                     await asyncio.sleep(0.5)
+        return None
 
-    row = run_command(go)
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    try:
+        row = run_command(go)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if row is None:
+        raise KeyboardInterrupt
     if row["error"]:
         typer.echo(f"{row['status']}: {row['error']['code']}: {row['error']['message']}", err=True)
     return 0 if row["status"] == "success" else int(Exit.FAILED)

@@ -368,9 +368,10 @@ def test_a_killed_milvus_and_s3_come_back_on_their_ports_for_the_clients_they_ha
         objects = Minio(endpoint, access, secret, secure=False)
         objects.make_bucket("kept")
         runner.start()
+        # This test's own servers: the session's shared ones are children of this process too.
         servers = {" ".join(p.cmdline()): p for p in psutil.Process().children()}
         for needle in ("milvus_lite", "weed"):
-            (server,) = [p for cmd, p in servers.items() if needle in cmd]
+            (server,) = [p for cmd, p in servers.items() if needle in cmd and str(tmp_path) in cmd]
             server.kill()
         _eventually("both back", lambda: sum(" is back " in line for line in said) == 2, timeout=120)
         assert [c.url for c in children] == [milvus_url, s3_url], said
