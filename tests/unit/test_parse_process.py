@@ -17,6 +17,7 @@ import pytest
 from domains.knowledge import parse_process
 from domains.knowledge.chunking import chunk_text
 from domains.knowledge.hostile import many_operators_bomb, one_operator_bomb, slow_pdf
+from domains.knowledge.parse_child import NICENESS
 from domains.knowledge.parse_process import ParseLimits, parse_file
 from domains.knowledge.parsing import ParseError, extract_text
 from tests.knowledge_helpers import make_pdf
@@ -135,6 +136,8 @@ async def test_the_helper_is_reused_with_its_limits_and_replaced_after_a_breach(
     assert await parse_file(b"one", "txt", LIMITS) == ["one"]
     [helper] = _helpers()
     assert helper.rlimit(psutil.RLIMIT_AS) == (256 * MB, 256 * MB)
+    # Below the worker's priority: a hostile file yields the cores to the rest of the worker.
+    assert helper.nice() == psutil.Process().nice() + NICENESS
     assert await parse_file(b"two", "txt", LIMITS) == ["two"]
     assert _helpers() == [helper]
     # Its CPU limit is moved on for each file: its own CPU so far plus the deadline.
