@@ -226,10 +226,13 @@ class Settings(BaseSettings):
     owner_max_pending: int | None = Field(default=None, ge=1)
     # Per-owner limit of running tasks, enforced at claim like the capacity, so one tenant cannot
     # hold every slot while others wait (four slow documents of one tenant once held all four).
-    # Unset: the capacity less a quarter of it, at least one slot (3 of 4, 6 of 8, 12 of 16): the
-    # slots kept back stay free for other owners, and one owner alone runs that much slower.
-    # Set it to DTASK_CAPACITY for no per-owner limit. Tasks submitted through the Python API
-    # without an owner are exempt.
+    # Unset: half the capacity, rounded up (2 of 4, 4 of 8; none below 2 slots). The other half
+    # stays free for other owners: beside three hostile uploads of one tenant, another's 20 files
+    # indexed as fast as alone. One owner alone runs at most that many at once: for ingest on 2
+    # cores that cost nothing (25.5 files/s at 2 slots, 26.5 at 4), for tasks that mostly wait on
+    # something else it halves a lone owner's throughput. Set it to DTASK_CAPACITY (one tenant, or
+    # tenants you trust) for no per-owner limit. Tasks submitted through the Python API without an
+    # owner are exempt.
     owner_max_running: int | None = Field(default=None, ge=1)
     # Workers add their counters to the shared Redis hash at most this often (and when they stop):
     # flushing after every task would cost a Redis round trip per task.
@@ -308,7 +311,7 @@ class Settings(BaseSettings):
         not be below the capacity)."""
         limit = self.owner_max_running
         if limit is None:
-            limit = self.capacity - max(1, self.capacity // 4)
+            limit = (self.capacity + 1) // 2
         return limit if 0 < limit < self.capacity else None
 
     @property

@@ -319,7 +319,7 @@ class BenchEnv:
     def dtask_settings(self, db_url: str | None, **overrides: Any) -> dict[str, str]:
         """DTASK_* variables for a worker/beat process on this run's database and Redis DB. A
         bench is one tenant measuring the whole capacity: its running limit is the capacity (by
-        default an owner leaves a quarter of it to others), unless the bench sets one."""
+        default an owner leaves half of it to others), unless the bench sets one."""
         if "capacity" in overrides:
             overrides.setdefault("owner_max_running", overrides["capacity"])
         settings = {"DTASK_BROKER_URL": self.transport, "DTASK_REDIS_URL": self.broker}

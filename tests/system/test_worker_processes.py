@@ -246,7 +246,7 @@ async def test_capacity_is_never_exceeded_and_the_relay_hands_on_without_beat(
     the relay (after each terminal write; its pick run by the same process, DTASK_WORKER_RUN_NEXT)
     can start the rest."""
     # 4 messages queued ahead (not the default while run-next is on), so claims are refused. One
-    # owner submits them all: its running limit is the capacity here (by default it keeps a slot
+    # owner submits them all: its running limit is the capacity here (by default it keeps half
     # back for other owners, and capacity is what this test fills).
     services.settings.publish_ahead, services.settings.owner_max_running = 4, 4
     worker = cluster.start_worker(concurrency=8, pool=pool, DTASK_CAPACITY="4", DTASK_PUBLISH_SECONDS="3600",
