@@ -8,6 +8,7 @@ that first waits on it (tests run one loop each; a worker process runs one for i
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
@@ -45,3 +46,21 @@ class KeyedOnce(Generic[K, V]):
     def forget(self, key: K) -> None:
         """Drop a value found stale (its collection or bucket vanished); the next get rebuilds it."""
         self._values.pop(key, None)
+
+
+class PerProcess(Generic[K, V]):
+    """Values built once per process, synchronously: a forked child (a prefork pool process) starts
+    with none of its parent's, since clients, sockets and thread pools do not survive a fork."""
+
+    def __init__(self) -> None:
+        self._values: dict[K, V] = {}
+        self._pid = os.getpid()
+
+    def get(self, key: K, build: Callable[[], V]) -> V:
+        if self._pid != os.getpid():
+            self._values.clear()
+            self._pid = os.getpid()
+        value = self._values.get(key)
+        if value is None:
+            value = self._values[key] = build()
+        return value

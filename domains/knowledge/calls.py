@@ -12,31 +12,23 @@ fails at once as unavailable instead of queueing behind them.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from domains.knowledge.cache import PerProcess
 from domains.knowledge.errors import StoreUnavailable
 
 T = TypeVar("T")
 # Threads per store and process: a stall can hold this many; more calls than that wait their turn.
 THREADS = 8
 
-_pools: dict[str, ThreadPoolExecutor] = {}
-_pid = os.getpid()
+_pools: PerProcess[str, ThreadPoolExecutor] = PerProcess()
 
 
 def _pool(service: str) -> ThreadPoolExecutor:
-    """The service's threads in this process (a forked worker child starts with none)."""
-    global _pid
-    if _pid != os.getpid():
-        _pools.clear()
-        _pid = os.getpid()
-    pool = _pools.get(service)
-    if pool is None:
-        pool = _pools[service] = ThreadPoolExecutor(THREADS, thread_name_prefix=f"store-{service}")
-    return pool
+    """The service's threads in this process."""
+    return _pools.get(service, lambda: ThreadPoolExecutor(THREADS, thread_name_prefix=f"store-{service}"))
 
 
 async def blocking(service: str, deadline: float, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

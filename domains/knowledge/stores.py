@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import os
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from domains.knowledge import storage, vectors
-from domains.knowledge.cache import KeyedOnce
+from domains.knowledge.cache import KeyedOnce, PerProcess
 from domains.knowledge.embedding import Embedder, load_embedder
 from domains.knowledge.errors import StoresNotConfigured
 from tasks_core.settings import Settings
@@ -124,21 +123,13 @@ class KnowledgeStores:
         return await vectors.drop_collection(client, vectors.collection_name(base_id), self.config.deadline)
 
 
-_registry: dict[StoreConfig, KnowledgeStores] = {}
-_registry_pid = os.getpid()
+_registry: PerProcess[StoreConfig, KnowledgeStores] = PerProcess()
 
 
 def stores_for(settings: Settings) -> KnowledgeStores:
     """This process's stores for ``settings`` (a forked child starts with none of its parent's)."""
-    global _registry_pid
-    if _registry_pid != os.getpid():
-        _registry.clear()
-        _registry_pid = os.getpid()
     config = StoreConfig.from_settings(settings)
-    stores = _registry.get(config)
-    if stores is None:
-        stores = _registry[config] = KnowledgeStores(config)
-    return stores
+    return _registry.get(config, lambda: KnowledgeStores(config))
 
 
 async def milvus_fact(stores: KnowledgeStores) -> tuple[bool, str | None]:
