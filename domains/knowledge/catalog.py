@@ -429,6 +429,13 @@ async def existing_bases(conn: AsyncConnection, base_ids: Sequence[str]) -> set[
     return {r[0] for r in rows}
 
 
+async def existing_files(conn: AsyncConnection, file_ids: Sequence[str]) -> set[str]:
+    rows = await conn.execute(
+        text("SELECT file_id FROM knowledge_files WHERE file_id = ANY(:ids)"), {"ids": list(file_ids)}
+    )
+    return {r[0] for r in rows}
+
+
 async def files_to_verify(conn: AsyncConnection, base_id: str) -> list[Row]:
     """Every file of the base with what PostgreSQL holds for it: its chunk rows counted, and whether
     a task is working on it (then it is not judged)."""

@@ -91,6 +91,10 @@ async def _vectors_by_file(stores: KnowledgeStores, base_id: str, dimension: int
         return await (await stores.index(base_id, dimension)).vectors_by_file()
 
 
+def _file_of(key: str) -> str:
+    return key.rsplit("/", 1)[-1]
+
+
 def _judge(row: dict[str, Any], vectors: int, original: bool) -> str | None:
     """What is wrong with a file that no task is working on, or None."""
     if row["status"] == INDEXED:
@@ -139,14 +143,20 @@ async def verify_base(
         if repair:
             verdict.action = await _repair_file(svc, stores, base, owner, row, verdict)
         report.problems.append(verdict)
-    stray_files = [fid for fid in counts if fid not in known]
-    report.stray_vectors = sum(counts[fid] for fid in stray_files)
     cutoff = datetime.now(UTC) - object_grace
+    stray_files = [fid for fid in counts if fid not in known]
     stray_keys = [
         key
         for key, modified in listed.items()
-        if key.rsplit("/", 1)[-1] not in known and (modified is None or modified < cutoff)
+        if _file_of(key) not in known and (modified is None or modified < cutoff)
     ]
+    # A file uploaded since its base's rows were read may be indexed already: only what still has
+    # no row now is stray.
+    async with svc.engine.connect() as conn:
+        arrived = await catalog.existing_files(conn, [*stray_files, *map(_file_of, stray_keys)])
+    stray_files = [fid for fid in stray_files if fid not in arrived]
+    stray_keys = [key for key in stray_keys if _file_of(key) not in arrived]
+    report.stray_vectors = sum(counts[fid] for fid in stray_files)
     report.stray_objects = len(stray_keys)
     if repair:
         index = await stores.index(base_id, base["dimension"])

@@ -139,3 +139,28 @@ async def test_the_duty_checks_a_share_of_the_bases_per_run_and_continues_where_
         assert first["bases"] == 2 and (await svc.redis.get(verifier.CURSOR_KEY)).decode() == bases[1]
         second = await verifier.duty(svc)
         assert second["bases"] == 1 and (await svc.redis.get(verifier.CURSOR_KEY)) == b""
+
+
+async def test_a_file_that_arrives_while_its_base_is_checked_is_not_taken_for_a_stray(
+    knowledge_stores: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The verifier reads a base's rows, then scans its collection: a file uploaded and indexed in
+    between has vectors but was not among the rows. Its vectors must stay."""
+    from domains.knowledge import catalog
+
+    async with knowledge_api() as (client, svc):
+        base = await create_base(client)
+        r = await upload(client, base, [("new.txt", b"a file that arrives late. " * 40)])
+        entry = r.json()["files"][0]
+        assert await run_pending(svc) == ["success"]
+        read = catalog.files_to_verify
+
+        async def read_before_the_upload(conn: Any, base_id: str) -> list[dict[str, Any]]:
+            return [r for r in await read(conn, base_id) if r["file_id"] != entry["id"]]
+
+        monkeypatch.setattr(catalog, "files_to_verify", read_before_the_upload)
+        report = await verifier.verify(svc, base_id=base, repair=True, object_grace=timedelta(0))
+        assert (report.bases[0].stray_vectors, report.bases[0].stray_objects) == (0, 0)
+        chunks = (await file_row(svc, entry["id"]))["chunk_count"]
+        assert vector_count(milvus_client(knowledge_stores), base, entry["id"]) == chunks > 0
+        assert object_names(knowledge_stores, f"{base}/") == [f"{base}/{entry['id']}"]
