@@ -16,7 +16,7 @@ from sqlalchemy import text
 from app.auth import UNAUTHORIZED, bearer_token
 from app.metrics import CONTENT_TYPE, MetricsCache
 from app.schemas import Readiness
-from tasks_core.readiness import read_readiness
+from tasks_core.duties.readiness import read_readiness
 from tasks_core.services import Services
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The Celery app (`celery -A tasks_core.celery_app worker|beat|flower`) and its tasks.
 
-Each worker process owns one asyncio loop (``tasks_core.worker_loop``, in a thread of its own) and
+Each worker process owns one asyncio loop (``tasks_core.worker.loop``, in a thread of its own) and
 one database pool, created after fork on first use, never at import or in the parent. Every Celery
 task runs its coroutine on that loop, so a task's heartbeat runs beside its handler; the dense mode
 (``--pool threads``) runs many tasks at once on it.
@@ -30,7 +30,7 @@ from celery.signals import (
 )
 
 from tasks_core import logs
-from tasks_core.worker_loop import WorkerLoop
+from tasks_core.worker.loop import WorkerLoop
 
 log = logging.getLogger(__name__)
 # prefork: a task per child process; solo: one at a time; threads: the dense mode, many tasks per
@@ -167,7 +167,7 @@ def _on_shutting_down(**_: Any) -> None:
 
 @app.task(name="dtask.run", ignore_result=True)
 def run(task_id: Any) -> str:
-    from tasks_core.runtime import HandlerUnresponsive, run_task
+    from tasks_core.worker.runtime import HandlerUnresponsive, run_task
 
     state = process_state()
     try:
@@ -187,7 +187,7 @@ def run(task_id: Any) -> str:
 
 @app.task(name="dtask.publish", ignore_result=True)
 def publish() -> dict[str, int]:
-    from tasks_core.publisher import publish_pending
+    from tasks_core.duties.publisher import publish_pending
 
     state = process_state()
     return vars(state.run(publish_pending(state.services)))
@@ -195,7 +195,7 @@ def publish() -> dict[str, int]:
 
 @app.task(name="dtask.reconcile", ignore_result=True)
 def reconcile() -> dict[str, Any]:
-    from tasks_core.reconciler import reconcile as run_reconcile
+    from tasks_core.duties.reconciler import reconcile as run_reconcile
 
     state = process_state()
     return vars(state.run(run_reconcile(state.services)))
@@ -206,7 +206,7 @@ def prune(older_than_seconds: Any = None) -> dict[str, int]:
     """Forget expired Idempotency-Keys; delete terminal tasks older than the retention
     (DTASK_PRUNE_AFTER_SECONDS). A message may ask for an older cutoff, never a younger one: anyone
     who can write to the broker could otherwise wipe the history (prune(1e-9))."""
-    from tasks_core.pruner import prune as run_prune
+    from tasks_core.duties.pruner import prune as run_prune
 
     requested: float | None = None
     if older_than_seconds is not None:

@@ -20,7 +20,7 @@ from tasks_core.model import LEGACY_VERSION
 from tasks_core.retry import RetryableError
 
 if TYPE_CHECKING:
-    from tasks_core.context import TaskContext
+    from tasks_core.worker.context import TaskContext
 
 # Each module defines SPECS: a sequence of TaskSpec. Later domains append theirs here.
 DOMAIN_SPEC_MODULES: tuple[str, ...] = (

@@ -10,10 +10,10 @@ import redis.asyncio as aioredis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tasks_core.db import make_engine
-from tasks_core.group_commit import GroupCommit
 from tasks_core.registry import Registry, default_registry
-from tasks_core.repository import TaskRepository
 from tasks_core.settings import Settings
+from tasks_core.store.group_commit import GroupCommit
+from tasks_core.store.repository import TaskRepository
 
 
 class Transport(Protocol):

@@ -20,12 +20,12 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tasks_core.db import is_transient
-from tasks_core.group_commit import GroupCommit
+from tasks_core.duties.relay import Relayed, publish_due, take_relay_due
 from tasks_core.registry import Registry, TaskSpec
-from tasks_core.relay import Relayed, publish_due, take_relay_due
-from tasks_core.repository import NewTask
 from tasks_core.services import Services
 from tasks_core.settings import Settings
+from tasks_core.store.group_commit import GroupCommit
+from tasks_core.store.repository import NewTask
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 1000

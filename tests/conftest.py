@@ -24,7 +24,7 @@ _cleanup: list[Any] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from tasks_core.embedded import EmbeddedPostgres, EmbeddedRedis, create_database, reachable
+    from tasks_core.devkit.embedded import EmbeddedPostgres, EmbeddedRedis, create_database, reachable
 
     admin = os.environ.get("DTASK_TEST_ADMIN_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres")
     redis_base = os.environ.get("DTASK_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -61,7 +61,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _drop(admin: str, name: str) -> None:
-    from tasks_core.embedded import drop_database
+    from tasks_core.devkit.embedded import drop_database
 
     drop_database(admin, name)
 
@@ -154,7 +154,7 @@ def knowledge_stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[
     (pass the returned dict to ``cluster.start_worker(**env)``) reach them; stopped at session end."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from tasks_core.embedded_stores import EmbeddedMilvus, EmbeddedS3
+    from tasks_core.devkit.embedded_stores import EmbeddedMilvus, EmbeddedS3
 
     root = tmp_path_factory.mktemp("knowledge-stores")
     milvus, s3 = EmbeddedMilvus(root / "milvus"), EmbeddedS3(root / "s3")

@@ -6,8 +6,8 @@ import asyncio
 import time
 from typing import Any
 
-from tasks_core.context import TaskContext
 from tasks_core.registry import TaskSpec
+from tasks_core.worker.context import TaskContext
 
 # Filled by handlers so a test can see what ran, in this process.
 EVENTS: list[tuple[str, Any]] = []

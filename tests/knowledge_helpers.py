@@ -61,7 +61,7 @@ async def run_pending(svc: Any) -> list[str]:
     """Run every pending task in this process, oldest first, as a worker would (claim, run, finish);
     the final status of each, in that order. A task an earlier one's run went on to run itself
     (DTASK_WORKER_RUN_NEXT) is not run twice."""
-    from tasks_core.runtime import run_task
+    from tasks_core.worker.runtime import run_task
 
     outcomes = []
     while True:

@@ -45,13 +45,13 @@ def serve(app: Any) -> Iterator[str]:
 def api_process(**env: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """`dtask api` on a free loopback port, with the test environment plus ``env`` (DTASK_*
     settings); yields its base URL and process once /healthz answers, and stops it afterwards."""
-    from tasks_core.embedded import free_port
+    from tasks_core.devkit.embedded import free_port
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:  # its output, shown when it does not start
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tasks_core.cli", "api", "--port", str(port)],
+            [sys.executable, "-m", "tasks_core.ops.cli", "api", "--port", str(port)],
             env={**os.environ, "PYTHONPATH": str(ROOT), **env},
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tasks_core.context import TaskContext
+from tasks_core.worker.context import TaskContext
 
 time.sleep(2.5)
 

@@ -14,7 +14,7 @@ import signal
 from collections.abc import Iterator
 from typing import Literal
 
-from tasks_core.embedded_stores import EmbeddedMilvus, EmbeddedS3
+from tasks_core.devkit.embedded_stores import EmbeddedMilvus, EmbeddedS3
 
 Store = Literal["milvus", "s3"]
 

@@ -3,7 +3,7 @@
  * docs/protocol/README.md says what each bound covers and what the checks found;
  * scripts/check-protocol runs every configuration.
  *
- * One row per task, as tasks_core/repository.py writes it: status, attempt token, attempt count,
+ * One row per task, as tasks_core/store/repository.py writes it: status, attempt token, attempt count,
  * lease, cancel intent, the row lock of an open owning/terminal transaction, the domain row its
  * handler writes, and the capacity slots (task_slots). Each atomic block below is one SQL
  * statement or one committed transaction of the repository; the comment names the function.

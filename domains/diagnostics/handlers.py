@@ -12,8 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from domains.diagnostics.model import diagnostics_effects, diagnostics_runs
 from domains.diagnostics.payloads import FailPayload, FlakyPayload, SleepPayload
-from tasks_core.context import TaskContext
 from tasks_core.retry import RetryableError
+from tasks_core.worker.context import TaskContext
 
 
 async def noop(ctx: TaskContext) -> Any:

@@ -26,8 +26,8 @@ from domains.knowledge import catalog
 from domains.knowledge.errors import CollectionMissing
 from domains.knowledge.stores import KnowledgeStores, stores_for
 from domains.knowledge.vectors import BaseIndex, Hit
-from tasks_core.context import TaskContext
 from tasks_core.settings import Settings
+from tasks_core.worker.context import TaskContext
 
 # Milvus candidates per query: more than top_k, since vectors of files being reindexed or
 # deleted are filtered out (as the search route does).

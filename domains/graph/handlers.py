@@ -23,7 +23,7 @@ from domains.graph.model import BUILDING
 from domains.graph.payloads import BuildPayload
 from domains.graph.settings import GraphSettings
 from domains.graph.store import Position
-from tasks_core.context import TaskContext
+from tasks_core.worker.context import TaskContext
 
 log = logging.getLogger(__name__)
 

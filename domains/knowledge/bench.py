@@ -37,7 +37,8 @@ from typing import Any
 import httpx
 from sqlalchemy import text
 
-from tasks_core.bench.common import (
+from tasks_core.db import db_now, make_engine
+from tasks_core.devkit.bench.common import (
     BenchEnv,
     BenchError,
     CommonOptions,
@@ -48,8 +49,7 @@ from tasks_core.bench.common import (
     seconds,
     wait_terminal,
 )
-from tasks_core.bench.report import Document, Rounds, alternate, ratio, summarize
-from tasks_core.db import db_now, make_engine
+from tasks_core.devkit.bench.report import Document, Rounds, alternate, ratio, summarize
 from tasks_core.settings import Settings
 
 VARIANT = "batch-upload"
@@ -145,8 +145,8 @@ class _Stack:
 
 
 async def _run(opts: IngestOptions, files: int) -> dict[str, Any]:
-    from tasks_core.embedded import free_port
-    from tasks_core.embedded_stores import EmbeddedMilvus, EmbeddedS3
+    from tasks_core.devkit.embedded import free_port
+    from tasks_core.devkit.embedded_stores import EmbeddedMilvus, EmbeddedS3
 
     doc = Document("knowledge-ingest", public_options(opts), quick=opts.quick)
     async with BenchEnv("knowledge-ingest", opts) as env:
@@ -169,7 +169,8 @@ async def _run(opts: IngestOptions, files: int) -> dict[str, Any]:
             port = free_port()
             api = env.spawn(
                 "api",
-                [sys.executable, "-m", "tasks_core.cli", "api", "--host", "127.0.0.1", "--port", str(port)],
+                [sys.executable, "-m", "tasks_core.ops.cli", "api",
+                 "--host", "127.0.0.1", "--port", str(port)],
                 settings,
             )
             worker = env.start_worker("worker", settings, concurrency=opts.concurrency)

@@ -149,7 +149,7 @@ def verify(
     # Imported here: `dtask` loads this module for every command, and these bring the stores' clients.
     from domains.knowledge.errors import StoreError
     from domains.knowledge.verify import verify as run_verify
-    from tasks_core.cli import client_services, run_command
+    from tasks_core.ops.cli import client_services, run_command
 
     async def go() -> Report:
         async with client_services() as services:

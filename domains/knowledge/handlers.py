@@ -24,9 +24,9 @@ from domains.knowledge.parsing import ParseError
 from domains.knowledge.storage import object_key
 from domains.knowledge.stores import KnowledgeStores, stores_for
 from domains.knowledge.vectors import BaseIndex
-from tasks_core.context import TaskContext
 from tasks_core.retry import RetryableError
 from tasks_core.settings import Settings
+from tasks_core.worker.context import TaskContext
 
 log = logging.getLogger(__name__)
 # Chunks embedded (and upserted) per step: progress, cancel checks and bounded thread calls.

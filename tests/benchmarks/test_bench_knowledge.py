@@ -17,7 +17,7 @@ from tests.benchmarks.test_bench_smoke import _root
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from tasks_core.embedded import EmbeddedRedis
+    from tasks_core.devkit.embedded import EmbeddedRedis
 
     server = EmbeddedRedis(tmp_path_factory.mktemp("bench-redis"))
     url = server.start()

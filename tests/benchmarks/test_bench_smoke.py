@@ -19,8 +19,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from tasks_core.bench import peers
-from tasks_core.bench.cli import bench_app
+from tasks_core.devkit.bench import peers
+from tasks_core.devkit.bench.cli import bench_app
 from tests.tools import require_rabbitmq
 
 EXPECTED_VARIANTS = {
@@ -65,7 +65,7 @@ HEADLINE = {
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from tasks_core.embedded import EmbeddedRedis
+    from tasks_core.devkit.embedded import EmbeddedRedis
 
     server = EmbeddedRedis(tmp_path_factory.mktemp("bench-redis"))
     url = server.start()

@@ -34,7 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from domains.diagnostics.model import diagnostics_effects, diagnostics_runs
 from tasks_core.db import make_engine
 from tasks_core.model import Status
-from tasks_core.repository import Claim, NewTask, OwnershipLost, TaskRepository
+from tasks_core.store.repository import Claim, NewTask, OwnershipLost, TaskRepository
 
 LEASE = 10  # seconds of the database clock
 CAPACITY = 2

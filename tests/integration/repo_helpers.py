@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domains.diagnostics.model import diagnostics_effects, diagnostics_runs
 from tasks_core.registry import Registry
-from tasks_core.repository import Claim, NewTask, TaskRepository
+from tasks_core.store.repository import Claim, NewTask, TaskRepository
 
 LONG_LEASE = 30.0
 

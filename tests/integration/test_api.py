@@ -18,7 +18,7 @@ from sqlalchemy import text
 
 from app.main import create_app
 from tasks_core import metrics as runtime_metrics
-from tasks_core.readiness import READINESS_KEY, write_readiness
+from tasks_core.duties.readiness import READINESS_KEY, write_readiness
 from tasks_core.services import build_services
 from tests.conftest import make_settings
 

@@ -25,7 +25,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from app.main import create_app
-from tasks_core.readiness import READINESS_KEY
+from tasks_core.duties.readiness import READINESS_KEY
 from tests.conftest import make_settings
 from tests.live_api import serve
 

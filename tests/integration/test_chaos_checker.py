@@ -18,7 +18,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tasks_core.chaos.checker import (
+from tasks_core.db import make_engine
+from tasks_core.devkit.chaos.checker import (
     Bounds,
     ExpiredLease,
     Observations,
@@ -29,7 +30,6 @@ from tasks_core.chaos.checker import (
     load_snapshot,
     recovery_deadline,
 )
-from tasks_core.db import make_engine
 
 # Recovery bound after a lease's end: heartbeat 1 + reconcile 1 + margin 1 = 3 s; stall bound 6 s.
 BOUNDS = Bounds(capacity=2, lease_seconds=3, reconcile_seconds=1, publish_seconds=2, margin_seconds=1)

@@ -23,7 +23,7 @@ from sqlalchemy import text
 
 from tasks_core.db import make_engine
 from tasks_core.model import Status
-from tasks_core.repository import Claim, TaskRepository
+from tasks_core.store.repository import Claim, TaskRepository
 
 CLAIMERS = 20
 
@@ -305,7 +305,7 @@ async def test_a_hot_statement_whose_backend_was_terminated_runs_again_on_a_fres
     import asyncpg
 
     from tasks_core.db import is_transient
-    from tasks_core.repository import Statement
+    from tasks_core.store.repository import Statement
 
     repo = services.repo
     whose = Statement(text("SELECT pg_backend_pid() AS pid, CAST(:n AS int) AS n"))

@@ -19,9 +19,9 @@ from sqlalchemy.engine import make_url
 from typer.testing import CliRunner
 
 from app.main import create_app
-from tasks_core.cli import cli
 from tasks_core.db import head_revision
-from tasks_core.embedded import free_port
+from tasks_core.devkit.embedded import free_port
+from tasks_core.ops.cli import cli
 from tasks_core.services import build_services
 from tests.conftest import make_settings
 
@@ -136,7 +136,7 @@ def env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
 @pytest.fixture(scope="module")
 def empty_database() -> Iterator[str]:
     """A database that exists but was never migrated."""
-    from tasks_core.embedded import create_database, drop_database
+    from tasks_core.devkit.embedded import create_database, drop_database
 
     admin = os.environ["DTASK_TEST_ADMIN_URL"]
     name = f"dtask_unmigrated_{uuid.uuid4().hex[:8]}"
@@ -302,7 +302,7 @@ def test_celery_has_no_hidden_default_broker(tmp_path: Path) -> None:
 
 def test_a_failed_publish_at_submit_is_reported_once(fresh: None, tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "tasks_core.cli", "submit", "diagnostics.noop"],
+        [sys.executable, "-m", "tasks_core.ops.cli", "submit", "diagnostics.noop"],
         env=_subprocess_env(DTASK_BROKER_URL=f"redis://127.0.0.1:{free_port()}/0"),
         cwd=tmp_path,
         capture_output=True,
@@ -318,7 +318,7 @@ def test_a_failed_publish_at_submit_is_reported_once(fresh: None, tmp_path: Path
 def test_ctrl_c_while_waiting_says_the_task_goes_on(fresh: None, tmp_path: Path) -> None:
     # No worker runs: the task stays pending while the command waits.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tasks_core.cli", "submit", "diagnostics.noop", "--wait"],
+        [sys.executable, "-m", "tasks_core.ops.cli", "submit", "diagnostics.noop", "--wait"],
         env=_subprocess_env(),
         cwd=tmp_path,
         stdout=subprocess.PIPE,

@@ -11,8 +11,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from domains.diagnostics import handlers
-from tasks_core.context import TaskContext
-from tasks_core.lease import LeaseClock
+from tasks_core.worker.context import TaskContext
+from tasks_core.worker.lease import LeaseClock
 
 
 async def context(services: Any) -> TaskContext:

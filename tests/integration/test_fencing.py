@@ -27,7 +27,7 @@ from repo_helpers import (
 
 from domains.diagnostics.model import diagnostics_effects, diagnostics_runs
 from tasks_core.model import Status
-from tasks_core.repository import Claim, OwnershipLost, TaskRepository
+from tasks_core.store.repository import Claim, OwnershipLost, TaskRepository
 
 
 async def _late_writes_all_rejected(repo: TaskRepository, task_id: uuid.UUID, token: uuid.UUID) -> None:

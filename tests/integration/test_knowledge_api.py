@@ -317,7 +317,7 @@ async def test_reindex_file_and_reindex_pending_deduplicated_per_base(
 async def test_routes_answer_503_naming_missing_or_unreachable_stores(
     knowledge_stores: dict[str, str],
 ) -> None:
-    from tasks_core.embedded import free_port
+    from tasks_core.devkit.embedded import free_port
 
     async with knowledge_api(milvus_uri=None, minio_endpoint=None) as (client, _svc):
         r = await client.get("/knowledge/bases", headers=ALICE)

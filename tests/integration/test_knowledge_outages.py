@@ -81,7 +81,7 @@ async def test_deleting_a_base_while_its_file_indexes_ends_the_task_cancelled_no
     """The delete drops the collection under the running ingest: its next Milvus call fails. That
     is the delete's doing, not an outage: the task ends cancelled (the delete asked for it), the
     file is skipped, and no collection comes back for the deleted base."""
-    from tasks_core.runtime import run_task
+    from tasks_core.worker.runtime import run_task
     from tests.knowledge_helpers import milvus_client, paragraphs
 
     gate = tmp_path / "embed-gate"

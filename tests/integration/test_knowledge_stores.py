@@ -111,7 +111,7 @@ async def test_ten_concurrent_tasks_build_a_bases_client_once(knowledge_stores: 
 async def test_a_failed_build_is_not_cached(knowledge_stores: dict[str, str], waiters: int) -> None:
     """A build that fails (Milvus down at that moment) is retried by the next caller, not remembered."""
     from domains.knowledge.errors import StoreUnavailable
-    from tasks_core.embedded import free_port
+    from tasks_core.devkit.embedded import free_port
 
     config = StoreConfig.from_settings(Settings(milvus_uri=f"http://127.0.0.1:{free_port()}"))
     stores = KnowledgeStores(config)
@@ -127,7 +127,7 @@ async def test_search_and_indexing_go_on_after_milvus_restarts(
     knowledge_stores: dict[str, str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A restarted server leaves collections released; cached handles reload them instead of 503s."""
-    from tasks_core.embedded_stores import EmbeddedMilvus
+    from tasks_core.devkit.embedded_stores import EmbeddedMilvus
     from tests.knowledge_helpers import ALICE, create_base, knowledge_api, run_pending, upload
 
     milvus = EmbeddedMilvus(tmp_path / "milvus")

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from domains.knowledge import verify as verifier
 from domains.knowledge.catalog import new_id
 from domains.knowledge.stores import stores_for
-from tasks_core.cli import cli
+from tasks_core.ops.cli import cli
 from tests.knowledge_helpers import (
     create_base,
     file_row,

@@ -9,7 +9,7 @@ from typing import Any
 
 from repo_helpers import db_now, insert_raw, run_row, task_row
 
-from tasks_core import reconciler
+from tasks_core.duties import reconciler
 
 
 async def test_legacy_tasks_converge_through_the_failure_hook_and_unknown_types_fail_closed(

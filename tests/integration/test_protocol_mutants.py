@@ -14,8 +14,8 @@ from hypothesis.stateful import run_state_machine_as_test
 from protocol_machine import EXAMPLES, MISMATCHES, machine
 from sqlalchemy import text
 
-from tasks_core import repository
-from tasks_core.repository import TaskRepository
+from tasks_core.store import repository
+from tasks_core.store.repository import TaskRepository
 
 
 def mutate_method(monkeypatch: pytest.MonkeyPatch, name: str, old: str, new: str) -> None:

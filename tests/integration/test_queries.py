@@ -14,7 +14,7 @@ import pytest
 from repo_helpers import db_now
 from sqlalchemy import text
 
-from tasks_core.repository import TaskRepository, encode_cursor
+from tasks_core.store.repository import TaskRepository, encode_cursor
 
 TYPES = ("diagnostics.noop", "diagnostics.sleep", "diagnostics.fail")
 STATUSES = ("pending", "running", "success", "failed", "cancelled")
@@ -171,7 +171,7 @@ async def test_a_cursor_keeps_its_place_while_new_tasks_arrive(services: Any) ->
 
 
 def test_cursor_round_trips_microseconds() -> None:
-    from tasks_core.repository import decode_cursor
+    from tasks_core.store.repository import decode_cursor
 
     stamp = datetime(2026, 3, 4, 5, 6, 7, 891011).astimezone()
     ident = uuid.uuid4()

@@ -22,10 +22,10 @@ from repo_helpers import (
     task_row,
 )
 
-from tasks_core import reconciler
-from tasks_core.publisher import publish_pending
+from tasks_core.duties import reconciler
+from tasks_core.duties.publisher import publish_pending
 from tasks_core.registry import Registry
-from tasks_core.repository import NewTask, TaskRepository
+from tasks_core.store.repository import NewTask, TaskRepository
 
 
 def _with_repo(services: Any, repo: TaskRepository, registry: Registry | None = None) -> Any:

@@ -8,7 +8,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from tasks_core.relay import relay
+from tasks_core.duties.relay import relay
 from tasks_core.submission import Submitter, TaskIntent
 from tests.integration.repo_helpers import attempt_rows
 
@@ -57,7 +57,7 @@ async def test_a_big_batch_puts_only_what_capacity_can_take_on_the_broker_and_st
     freed slot, until every task has run — driven here exactly as workers do (claim each message,
     finish, relay)."""
     from tasks_core.model import Status
-    from tasks_core.repository import Claim
+    from tasks_core.store.repository import Claim
 
     repo, registry, s = services.repo, services.registry, services.settings
     s.publish_ahead = 2
@@ -160,7 +160,7 @@ async def test_the_terminal_write_hands_its_freed_slot_to_the_oldest_waiting_tas
     """The relay's work done by the terminal statement itself: with capacity full and nothing
     queued ahead, ending one task stamps exactly one waiting task — the oldest — and returns it."""
     from tasks_core.model import Status
-    from tasks_core.repository import Claim, RelayOptions
+    from tasks_core.store.repository import Claim, RelayOptions
 
     repo, registry = services.repo, services.registry
     ids = [(await Submitter(services).submit(TaskIntent("diagnostics.noop", {}))).task_id for _ in range(6)]
@@ -180,7 +180,7 @@ async def test_the_terminal_write_hands_its_freed_slot_to_the_oldest_waiting_tas
 
 async def test_a_refused_terminal_write_hands_nothing_on(services: Any) -> None:
     from tasks_core.model import Status
-    from tasks_core.repository import Claim, OwnershipLost, RelayOptions
+    from tasks_core.store.repository import Claim, OwnershipLost, RelayOptions
 
     repo, registry = services.repo, services.registry
     ids = [(await Submitter(services).submit(TaskIntent("diagnostics.noop", {}))).task_id for _ in range(3)]
@@ -220,7 +220,7 @@ async def _run_messages(services: Any, redis_client: Any, queue: str = "durable"
     """Run every message on ``queue`` through the real runtime until none is left; how many ran."""
     import json
 
-    from tasks_core.runtime import run_task
+    from tasks_core.worker.runtime import run_task
 
     messages = 0
     while (raw := redis_client.rpop(queue)) is not None:
@@ -255,7 +255,7 @@ async def test_a_worker_runs_the_tasks_its_terminal_writes_pick_without_their_me
 async def test_a_worker_takes_on_at_most_run_next_tasks_then_sends_the_next_pick(
     services: Any, redis_client: Any
 ) -> None:
-    from tasks_core.runtime import run_task
+    from tasks_core.worker.runtime import run_task
 
     s = services.settings
     s.capacity, s.publish_ahead, s.worker_run_next = 1, 0, 2
@@ -277,7 +277,7 @@ async def test_a_worker_asked_to_stop_takes_nothing_on_and_sends_its_pick(
     goes through the broker to a worker that is staying."""
     import asyncio
 
-    from tasks_core.runtime import ShutdownSignal, run_task
+    from tasks_core.worker.runtime import ShutdownSignal, run_task
 
     s = services.settings
     s.capacity, s.publish_ahead, s.worker_run_next = 1, 0, 100
@@ -299,7 +299,7 @@ async def test_a_pick_routed_to_another_queue_is_sent_there_not_taken_on(
 
     from domains.diagnostics.tasks import SPECS
     from tasks_core.registry import Registry, TaskSpec
-    from tasks_core.runtime import run_task
+    from tasks_core.worker.runtime import run_task
 
     cpu_spec = TaskSpec("test.cpu", "domains.diagnostics.handlers:noop", queue="durable-cpu")
     registry = Registry([*SPECS, cpu_spec])
@@ -325,7 +325,7 @@ async def test_under_the_workers_generic_plans_the_budget_and_the_pick_read_thei
     import asyncpg
     from sqlalchemy import text
 
-    from tasks_core.repository import FINISH_SQL, RELAY_DUE_SQL, _runnable_arrays
+    from tasks_core.store.repository import FINISH_SQL, RELAY_DUE_SQL, _runnable_arrays
 
     async with services.engine.begin() as conn:
         await conn.execute(text(

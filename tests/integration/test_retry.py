@@ -12,8 +12,8 @@ import pytest
 
 from tasks_core.registry import Registry, TaskSpec
 from tasks_core.retry import backoff, longest_wait
-from tasks_core.runtime import run_task
 from tasks_core.submission import Submitter, TaskIntent
+from tasks_core.worker.runtime import run_task
 from tests.conftest import make_settings
 from tests.integration.repo_helpers import at, attempt_rows, db_now, scalar, task_row
 

@@ -283,7 +283,7 @@ async def test_each_type_travels_on_its_own_queue_at_submit_and_from_the_publish
     """TaskSpec.queue routes a type's ids (submission and the publisher's re-send alike), so CPU-heavy
     types can go to prefork workers that consume only their queue."""
     from domains.diagnostics.tasks import SPECS
-    from tasks_core.publisher import publish_pending
+    from tasks_core.duties.publisher import publish_pending
     from tasks_core.registry import Registry, TaskSpec
 
     cpu_spec = TaskSpec("test.cpu", "domains.diagnostics.handlers:noop", queue="durable-cpu")

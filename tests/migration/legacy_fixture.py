@@ -17,8 +17,8 @@ from typing import Any
 from sqlalchemy import text
 
 from tasks_core.db import make_engine
-from tasks_core.embedded import create_database, drop_database
-from tasks_core.schema_detect import ARCHIVE_SCHEMA
+from tasks_core.devkit.embedded import create_database, drop_database
+from tasks_core.ops.schema_detect import ARCHIVE_SCHEMA
 
 SCHEMA_0_7_2 = """
 CREATE TABLE tasks (

@@ -14,7 +14,7 @@ from alembic.migration import MigrationContext
 
 from migrations.metadata import target_metadata
 from tasks_core.db import SchemaNotCurrent, alembic_config, check_schema, head_revision, make_engine
-from tasks_core.embedded import create_database, drop_database
+from tasks_core.devkit.embedded import create_database, drop_database
 
 
 @pytest.fixture

@@ -17,9 +17,9 @@ import pytest
 from alembic import command
 
 from tasks_core.db import alembic_config, head_revision
-from tasks_core.legacy_upgrade import LEGACY_OWNER
-from tasks_core.schema_detect import ARCHIVE_SCHEMA, MigrationRefused
-from tasks_core.schema_upgrade import MIGRATE_LOCK_KEY, Outcome, detect, upgrade_database
+from tasks_core.ops.legacy_upgrade import LEGACY_OWNER
+from tasks_core.ops.schema_detect import ARCHIVE_SCHEMA, MigrationRefused
+from tasks_core.ops.schema_upgrade import MIGRATE_LOCK_KEY, Outcome, detect, upgrade_database
 from tests.migration.legacy_fixture import (
     FILES,
     LEGACY_CREATED,
@@ -185,7 +185,7 @@ def _waiting_on_migrate_lock(url: str) -> int:
 
 
 def _spawn_two(env: dict[str, str], cwd: Path) -> list[subprocess.Popen[str]]:
-    argv = [sys.executable, "-m", "tasks_core.cli", "migrate"]
+    argv = [sys.executable, "-m", "tasks_core.ops.cli", "migrate"]
     return [
         subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(2)
@@ -246,7 +246,7 @@ def test_the_cli_names_what_it_refused_and_db_status_the_starting_point(
 ) -> None:
     from typer.testing import CliRunner
 
-    from tasks_core.cli import cli
+    from tasks_core.ops.cli import cli
     from tasks_core.settings import get_settings
 
     monkeypatch.setenv("DTASK_DATABASE_URL", db)

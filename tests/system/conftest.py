@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import pytest
 import redis as redis_sync
 
-from tasks_core.processes import GroupProcess, kill_group, spawn
+from tasks_core.devkit.processes import GroupProcess, kill_group, spawn
 from tests.tools import require_rabbitmq
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +73,7 @@ async def wait_for(
 
 @dataclass
 class Proc(GroupProcess):
-    """A started process (tasks_core.processes does the signalling); a worker knows its node name."""
+    """A started process (tasks_core.devkit.processes does the signalling); a worker knows its node name."""
 
     node: str | None = None
 
@@ -143,7 +143,7 @@ class Cluster:
         """A worker; ``pool`` is prefork (a process per task) or threads (the dense mode)."""
         node = f"{name}-{uuid.uuid4().hex[:6]}@%h"
         if cli:
-            argv = [sys.executable, "-m", "tasks_core.cli", "worker", "-c", str(concurrency), "-n", node]
+            argv = [sys.executable, "-m", "tasks_core.ops.cli", "worker", "-c", str(concurrency), "-n", node]
             argv += ["--pool", pool]
         else:
             argv = [
@@ -173,7 +173,7 @@ class Cluster:
     def start_beat(self, name: str = "beat", *, cli: bool = False, **env: str) -> Proc:
         schedule = str(self.dir / f"{name}-schedule")
         if cli:
-            argv = [sys.executable, "-m", "tasks_core.cli", "beat", "--schedule", schedule]
+            argv = [sys.executable, "-m", "tasks_core.ops.cli", "beat", "--schedule", schedule]
         else:
             argv = [
                 sys.executable,
@@ -192,7 +192,7 @@ class Cluster:
     def run_cli(self, *args: str, timeout: float = 60.0, **env: str) -> subprocess.CompletedProcess[str]:
         """Run one `dtask` command to completion (the same entry point as the console script)."""
         return subprocess.run(
-            [sys.executable, "-m", "tasks_core.cli", *args],
+            [sys.executable, "-m", "tasks_core.ops.cli", *args],
             env=self.env(**env),
             cwd=self.dir,
             capture_output=True,
@@ -276,7 +276,7 @@ def _app_on(broker: str) -> Any:
 def rabbitmq_url() -> Iterator[str]:
     """A vhost of this test run's own on the machine's RabbitMQ (created and deleted through
     rabbitmqctl), so runs never share queues."""
-    from tasks_core.rabbitmq import PrivateVhost
+    from tasks_core.devkit.rabbitmq import PrivateVhost
 
     require_rabbitmq()
     vhost = PrivateVhost(prefix="dtask_test")

@@ -19,8 +19,8 @@ import random
 
 import pytest
 
-from tasks_core.chaos import faults as F
-from tasks_core.chaos.campaign import CampaignConfig, run_campaign
+from tasks_core.devkit.chaos import faults as F
+from tasks_core.devkit.chaos.campaign import CampaignConfig, run_campaign
 from tests.tools import require_rabbitmq
 
 pytestmark = [pytest.mark.system, pytest.mark.chaos]

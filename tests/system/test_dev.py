@@ -63,7 +63,7 @@ class Dev:
         self.api_port, self.flower_port = _free_port(), _free_port()
         base = {k: v for k, v in os.environ.items() if not k.startswith("DTASK_")}
         base["PYTHONPATH"] = str(ROOT)
-        argv = [sys.executable, "-m", "tasks_core.cli", "dev", "--data-dir", str(data_dir)]
+        argv = [sys.executable, "-m", "tasks_core.ops.cli", "dev", "--data-dir", str(data_dir)]
         argv += ["--api-port", str(self.api_port), "--flower-port", str(self.flower_port), *args]
         with self.log.open("wb") as out:
             # Its own session, as a shell gives a foreground job: a signal to the test runner never
@@ -279,7 +279,7 @@ def test_dev_restarts_killed_servers_and_worker_on_their_ports_and_everything_st
     _knowledge_round_trip(banner, "before")  # the api and the worker now hold Milvus and S3 clients
     d.remember_processes()
     victims = (
-        ("redis-server", "redis"), ("tasks_core.cli worker", "worker"), ("postgres -D", "postgres"),
+        ("redis-server", "redis"), ("tasks_core.ops.cli worker", "worker"), ("postgres -D", "postgres"),
         ("milvus_lite server", "milvus"), ("weed mini", "s3"),
     )  # fmt: skip
     for needle, name in victims:
@@ -311,7 +311,8 @@ def test_dev_fails_fast_naming_a_taken_port(tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         data = tmp_path / ".dtask"
         out = subprocess.run(
-            [sys.executable, "-m", "tasks_core.cli", "dev", "--data-dir", str(data), "--api-port", str(port)],
+            [sys.executable, "-m", "tasks_core.ops.cli", "dev",
+             "--data-dir", str(data), "--api-port", str(port)],
             env=_env(), cwd=tmp_path, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
     assert out.returncode == 2, out.stdout + out.stderr
@@ -322,7 +323,7 @@ def test_dev_fails_fast_naming_a_taken_port(tmp_path: Path) -> None:
 def test_dev_names_the_environment_when_its_database_is_unreachable(tmp_path: Path) -> None:
     url = f"postgresql+asyncpg://postgres@127.0.0.1:{_free_port()}/dtask"
     out = subprocess.run(
-        [sys.executable, "-m", "tasks_core.cli", "dev", "--data-dir", str(tmp_path / ".dtask")],
+        [sys.executable, "-m", "tasks_core.ops.cli", "dev", "--data-dir", str(tmp_path / ".dtask")],
         env=_env(DTASK_DATABASE_URL=url), cwd=tmp_path, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode != 0

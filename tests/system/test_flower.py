@@ -18,7 +18,7 @@ import httpx
 import pytest
 import redis as redis_sync
 
-from tasks_core.flower import FlowerConfigError, flower_argv, parse_basic_auth
+from tasks_core.ops.flower import FlowerConfigError, flower_argv, parse_basic_auth
 from tasks_core.settings import Settings
 
 pytestmark = pytest.mark.system
@@ -35,7 +35,7 @@ def _free_port() -> int:
 
 def _flower_cmd(address: str, port: int, insecure_local: bool = False) -> list[str]:
     # The exact body `dtask flower` runs, so this works before and after the command is wired.
-    code = ("from tasks_core.flower import flower_command; "
+    code = ("from tasks_core.ops.flower import flower_command; "
             f"flower_command({address!r}, {port}, {insecure_local})")
     return [sys.executable, "-c", code]
 

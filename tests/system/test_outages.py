@@ -24,8 +24,8 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from tasks_core import outage
-from tasks_core.embedded import EmbeddedPostgres, EmbeddedRedis, create_database, free_port
+from tasks_core.devkit import outage
+from tasks_core.devkit.embedded import EmbeddedPostgres, EmbeddedRedis, create_database, free_port
 from tasks_core.services import build_services
 from tasks_core.submission import Submitter, TaskIntent
 from tests.conftest import make_settings
@@ -221,7 +221,7 @@ def api(owned: Owned, tmp_path: Path) -> Iterator[str]:
     }
     log = (tmp_path / "api.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tasks_core.cli", "api", "--port", str(port)],
+        [sys.executable, "-m", "tasks_core.ops.cli", "api", "--port", str(port)],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -355,7 +355,7 @@ async def test_with_redis_paused_submissions_stay_pending_and_run_after_recovery
 
 
 def outage_redis_pid(owned: Owned) -> int:
-    from tasks_core.embedded import _redis_server_pid
+    from tasks_core.devkit.embedded import _redis_server_pid
 
     parts = urlsplit(owned.broker_url)
     assert parts.port is not None

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tasks_core.embedded import free_port
+from tasks_core.devkit.embedded import free_port
 from tests.system.conftest import Cluster
 from tests.system.evaluation_pages import walk_evaluation_pages
 from tests.system.knowledge_pages import walk_knowledge_pages
@@ -66,7 +66,7 @@ def api(cluster: Cluster, tmp_path: Path) -> Iterator[str]:
     log = tmp_path / "api.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tasks_core.cli", "api", "--port", str(port)],
+            [sys.executable, "-m", "tasks_core.ops.cli", "api", "--port", str(port)],
             env=env,
             cwd=tmp_path,
             stdout=out,

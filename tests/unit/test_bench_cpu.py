@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 
-from tasks_core.bench import cpu
+from tasks_core.devkit.bench import cpu
 
 
 def test_a_workers_own_cpu_is_counted_per_task_under_its_kind() -> None:

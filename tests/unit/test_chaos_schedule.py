@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from tasks_core.chaos import faults as F
+from tasks_core.devkit.chaos import faults as F
 
 
 def test_the_same_seed_gives_the_same_schedule_and_workload() -> None:
@@ -116,7 +116,7 @@ def test_the_workload_mixes_every_kind_of_task() -> None:
 def test_chaos_exits_2_when_the_campaign_cannot_run(tmp_path: object) -> None:
     import typer
 
-    from tasks_core.chaos.cli import chaos_command
+    from tasks_core.devkit.chaos.cli import chaos_command
 
     app = typer.Typer()
     app.command()(chaos_command)
@@ -132,7 +132,7 @@ def test_chaos_exits_2_when_the_campaign_cannot_run(tmp_path: object) -> None:
 def test_own_postgres_takes_no_admin_url_and_new_kinds_are_known() -> None:
     import typer
 
-    from tasks_core.chaos.cli import chaos_command
+    from tasks_core.devkit.chaos.cli import chaos_command
 
     app = typer.Typer()
     app.command()(chaos_command)
@@ -143,14 +143,14 @@ def test_own_postgres_takes_no_admin_url_and_new_kinds_are_known() -> None:
 
 
 def test_the_replay_command_names_own_postgres() -> None:
-    from tasks_core.chaos.campaign import CampaignConfig
+    from tasks_core.devkit.chaos.campaign import CampaignConfig
 
     assert "--own-postgres" in CampaignConfig(seed=9, own_postgres=True).replay_command()
     assert "--own-postgres" not in CampaignConfig(seed=9).replay_command()
 
 
 def test_on_rabbitmq_the_broker_fault_is_the_vhost_outage_in_the_redis_restarts_place() -> None:
-    from tasks_core.chaos.campaign import CampaignConfig
+    from tasks_core.devkit.chaos.campaign import CampaignConfig
 
     on_redis = CampaignConfig(seed=21, fault_seconds=60).schedule()
     on_rabbitmq = CampaignConfig(seed=21, fault_seconds=60, broker="rabbitmq").schedule()
@@ -165,8 +165,8 @@ def test_on_rabbitmq_the_broker_fault_is_the_vhost_outage_in_the_redis_restarts_
 def test_the_broker_option_takes_redis_rabbitmq_or_a_url_and_the_replay_names_it() -> None:
     import typer
 
-    from tasks_core.chaos.campaign import CampaignConfig
-    from tasks_core.chaos.cli import chaos_command
+    from tasks_core.devkit.chaos.campaign import CampaignConfig
+    from tasks_core.devkit.chaos.cli import chaos_command
 
     app = typer.Typer()
     app.command()(chaos_command)

@@ -49,7 +49,7 @@ def app_services() -> dict[str, dict[str, Any]]:
 
 @cache
 def cli_commands() -> dict[str, Any]:
-    from tasks_core.cli import cli
+    from tasks_core.ops.cli import cli
 
     # Typer may vendor its own click, so duck-type the group rather than isinstance-check it.
     return dict(typer.main.get_command(cli).commands)  # type: ignore[attr-defined]
@@ -87,7 +87,7 @@ def test_required_services_exist() -> None:
 
 
 def test_the_cli_has_every_command_the_deployment_runs() -> None:
-    # Fails until `dtask api` and `dtask flower` are wired into tasks_core/cli.py.
+    # Fails until `dtask api` and `dtask flower` are wired into tasks_core/ops/cli.py.
     missing = EXPECTED_APP_COMMANDS - set(cli_commands())
     assert not missing, f"dtask lacks subcommands the deployment runs: {sorted(missing)}"
 

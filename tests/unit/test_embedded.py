@@ -20,7 +20,7 @@ import psutil
 import pytest
 import redis
 
-from tasks_core.embedded import (
+from tasks_core.devkit.embedded import (
     EmbeddedPostgres,
     EmbeddedRedis,
     create_database,
@@ -97,7 +97,7 @@ def test_postgres_wants_the_password_kept_in_the_data_dir(
 
 
 def test_the_app_database_belongs_to_a_role_that_is_no_superuser(pg: EmbeddedPostgres) -> None:
-    from tasks_core.embedded import EmbeddedAppDatabase
+    from tasks_core.devkit.embedded import EmbeddedAppDatabase
 
     url = EmbeddedAppDatabase(pg, "appdb").start()
     assert url.startswith("postgresql+asyncpg://appdb:") and url.endswith("/appdb")
@@ -117,7 +117,7 @@ def test_the_app_database_belongs_to_a_role_that_is_no_superuser(pg: EmbeddedPos
 def test_a_cluster_that_trusted_everyone_is_locked_at_the_next_start(tmp_path: pathlib.Path) -> None:
     """As an earlier release left it: trust in pg_hba.conf, no password, the app's database and
     its tables owned by the superuser."""
-    from tasks_core.embedded import EmbeddedAppDatabase
+    from tasks_core.devkit.embedded import EmbeddedAppDatabase
 
     first = EmbeddedPostgres(tmp_path)
     admin = first.start()
@@ -290,7 +290,7 @@ def test_as_root_a_restart_reuses_the_cluster_and_a_deleted_data_dir_starts_afre
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root runs PostgreSQL as another account")
 def test_as_root_binaries_out_of_reach_are_copied_not_exposed(tmp_path: pathlib.Path) -> None:
-    from tasks_core.embedded import _reachable_bin_dir, _service_account
+    from tasks_core.devkit.embedded import _reachable_bin_dir, _service_account
 
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
@@ -346,9 +346,9 @@ def test_a_killed_milvus_and_s3_come_back_on_their_ports_for_the_clients_they_ha
     from minio import Minio
     from pymilvus import MilvusClient
 
-    from tasks_core.dev import BACKING, DevState
-    from tasks_core.embedded_stores import s3_settings
-    from tasks_core.supervisor import RestartPolicy, ServerChild, Supervisor
+    from tasks_core.devkit.dev import BACKING, DevState
+    from tasks_core.devkit.embedded_stores import s3_settings
+    from tasks_core.devkit.supervisor import RestartPolicy, ServerChild, Supervisor
 
     said: list[str] = []
     sup = Supervisor(RestartPolicy(first_delay=0.2), say=said.append, poll_seconds=0.1)
@@ -390,8 +390,8 @@ def test_dev_says_in_one_line_when_a_kept_port_is_taken(
 ) -> None:
     import socket
 
-    from tasks_core.dev import BACKING, DevState, Source, Stack, _start_servers
-    from tasks_core.supervisor import Supervisor
+    from tasks_core.devkit.dev import BACKING, DevState, Source, Stack, _start_servers
+    from tasks_core.devkit.supervisor import Supervisor
 
     state = DevState.load(tmp_path)
     # Only Redis is embedded here (the others "come from the environment" and are not started).

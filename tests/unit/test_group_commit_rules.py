@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from tasks_core.group_commit import GroupCommit
+from tasks_core.store.group_commit import GroupCommit
 
 
 class Recorder:

@@ -1,4 +1,4 @@
-"""tasks_core.processes on real processes: a shell that forks a child into its own group."""
+"""tasks_core.devkit.processes on real processes: a shell that forks a child into its own group."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from tasks_core.processes import GroupProcess, group_members, in_group, process_tree, spawn
+from tasks_core.devkit.processes import GroupProcess, group_members, in_group, process_tree, spawn
 
 # A parent that starts one child (same process group), says both pids, and waits.
 PARENT = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks_core.rabbitmq import PrivateVhost, RabbitMQError, is_amqp, masked
+from tasks_core.devkit.rabbitmq import PrivateVhost, RabbitMQError, is_amqp, masked
 
 
 def test_the_vhost_url_keeps_the_user_and_server_and_names_a_fresh_vhost() -> None:

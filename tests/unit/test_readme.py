@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks_core import settings_doc
-from tasks_core.cli_errors import Exit
+from tasks_core.ops import settings_doc
+from tasks_core.ops.cli_errors import Exit
 from tasks_core.settings import Settings
 
 README = Path(__file__).resolve().parents[2] / "README.md"

@@ -14,9 +14,9 @@ import pytest
 
 from domains.diagnostics.tasks import SPECS as DIAGNOSTICS
 from tasks_core.registry import Registry
-from tasks_core.runtime import HandlerUnresponsive, run_task
 from tasks_core.services import build_services
 from tasks_core.submission import Submitter, TaskIntent
+from tasks_core.worker.runtime import HandlerUnresponsive, run_task
 from tests.conftest import make_settings
 from tests.handlers_for_tests import EVENTS, RELEASE, TEST_SPECS
 

@@ -84,7 +84,7 @@ def test_api_worker_and_flower_refuse_to_start_with_a_placeholder(
     env = {k: v for k, v in os.environ.items() if not k.startswith("DTASK_")}
     env |= {"PYTHONPATH": str(ROOT), "DTASK_BROKER_URL": "redis://127.0.0.1:1/0", var: value}
     done = subprocess.run(
-        [sys.executable, "-m", "tasks_core.cli", *PROCESSES[command]],
+        [sys.executable, "-m", "tasks_core.ops.cli", *PROCESSES[command]],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr

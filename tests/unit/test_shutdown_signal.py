@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks_core.runtime import ShutdownSignal
+from tasks_core.worker.runtime import ShutdownSignal
 
 
 async def test_callbacks_run_once_when_set_and_not_after_their_undo() -> None:

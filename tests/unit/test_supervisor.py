@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from tasks_core.supervisor import ChildFailed, RestartPolicy, ServerChild, StopRequested, Supervisor
+from tasks_core.devkit.supervisor import ChildFailed, RestartPolicy, ServerChild, StopRequested, Supervisor
 
 
 class Clock:

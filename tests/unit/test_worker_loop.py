@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from tasks_core.runtime import HANDLER_TASK_PREFIX
-from tasks_core.worker_loop import LoopWatchdog, WorkerLoop
+from tasks_core.worker.loop import LoopWatchdog, WorkerLoop
+from tasks_core.worker.runtime import HANDLER_TASK_PREFIX
 from tests.conftest import make_settings
 
 
@@ -67,7 +67,7 @@ def test_the_watchdog_names_the_handler_that_blocks_the_loop(caplog: pytest.LogC
         await asyncio.create_task(blocking(), name=f"{HANDLER_TASK_PREFIX}test.blocker:1234")
 
     try:
-        with caplog.at_level(logging.WARNING, logger="tasks_core.worker_loop"):
+        with caplog.at_level(logging.WARNING, logger="tasks_core.worker.loop"):
             asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=5)
             time.sleep(0.3)
         messages = [r.getMessage() for r in caplog.records]

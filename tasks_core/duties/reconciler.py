@@ -1,0 +1,37 @@
+"""Reconciler duty: converge expired leases (failed `lease_expired` with the failure hook, or back
+to pending for a retry-safe handler with attempts left), legacy v0 rows and unrunnable versions.
+Every run also refreshes the readiness fact: a worker that can reconcile is a worker that can
+recover tasks."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from tasks_core import metrics
+from tasks_core.duties.readiness import write_readiness
+from tasks_core.duties.relay import relay
+from tasks_core.retry import backoff
+from tasks_core.services import Services
+from tasks_core.store.repository import ReconcileReport
+
+
+def retry_delay(services: Services) -> object:
+    return partial(backoff, services.settings)
+
+
+async def reconcile(services: Services) -> ReconcileReport:
+    s = services.settings
+    report = await services.repo.reconcile(
+        services.registry,
+        batch=s.reconcile_batch,
+        retry_delay=retry_delay(services),
+        # A worker transaction open past a lease and a heartbeat's slack belongs to a stopped process.
+        stalled_after=s.lease_seconds + s.heartbeat_seconds,
+    )
+    for kind in ("failed", "retried", "cancelled", "legacy", "unrunnable", "hook_errors"):
+        if getattr(report, kind):
+            metrics.RECONCILED.labels(kind=kind).inc(getattr(report, kind))
+    if report.failed or report.retried or report.cancelled or report.legacy or report.unrunnable:
+        await relay(services)  # converged tasks freed slots
+    await write_readiness(services, report)
+    return report
