@@ -1,5 +1,6 @@
 /*
- * The durable-task ownership protocol (DESIGN.md section 4) as a Promela model, checked by spin.
+ * The durable-task ownership protocol (claim, lease, fenced writes, cancel, reconcile, relay) as a
+ * Promela model, checked by spin.
  * docs/protocol/README.md says what each bound covers and what the checks found;
  * scripts/check-protocol runs every configuration.
  *
