@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import importlib
 import math
 import os
 import random
@@ -58,6 +57,7 @@ from tasks_core.devkit.chaos.checker import (
     load_snapshot,
     merge_counts,
 )
+from tasks_core.devkit.cluster import answers_ping, celery_on
 from tasks_core.devkit.rabbitmq import DEFAULT_URL as DEFAULT_RABBITMQ_URL
 from tasks_core.devkit.rabbitmq import PrivateVhost, masked
 from tasks_core.duties.readiness import READINESS_KEY
@@ -420,11 +420,11 @@ class Campaign:
 
     async def _ping(self, proc: F.Managed) -> bool:
         try:
-            replies = await asyncio.to_thread(self.app.control.ping, destination=[proc.node], timeout=1.0)
+            assert proc.node is not None
+            return await asyncio.to_thread(answers_ping, self.app, proc.node, 1.0)
         except Exception:  # the broker is down or reconnecting
             await asyncio.sleep(0.5)
             return False
-        return any(proc.node in reply for reply in replies or [])
 
     async def _await_ready(self, proc: F.Managed, within: float, *, fatal: bool = False) -> None:
         deadline = time.monotonic() + within
@@ -1081,14 +1081,7 @@ async def _without_fsync(admin_url: str) -> None:
 def _celery_app(broker_url: str) -> Any:
     """A Celery app with the project's settings on the campaign's broker (publishing, pings),
     declaring the queues as the workers do (quorum on RabbitMQ)."""
-    from celery import Celery
-
-    app = Celery("dtask-chaos", set_as_current=False)
-    app.config_from_object("celeryconfig")
-    # By name, as Celery loads it: celeryconfig sits beside the packages, outside mypy's scope.
-    settings = importlib.import_module("celeryconfig").broker_settings(broker_url)
-    app.conf.update(settings, beat_schedule={})
-    return app
+    return celery_on(broker_url, "dtask-chaos")
 
 
 async def run_campaign(cfg: CampaignConfig, out: Callable[[str], None] = print) -> CampaignResult:

@@ -16,17 +16,13 @@ import dataclasses
 import glob
 import os
 import random
-import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tasks_core
-from tasks_core.devkit.processes import GroupProcess, kill_group, spawn
-
-ROOT = Path(tasks_core.__file__).resolve().parent.parent
+from tasks_core.devkit.cluster import ROOT as ROOT
+from tasks_core.devkit.cluster import Cluster, ClusterProcess, process_env
 
 KILL = "kill_worker"
 PAUSE = "pause_worker"
@@ -223,11 +219,10 @@ def faketime_library() -> str | None:
 
 
 @dataclass
-class Managed(GroupProcess):
+class Managed(ClusterProcess):
     """One real process: a worker (its main process and pool children share a process group) or beat."""
 
     started: float = 0.0
-    node: str | None = None
     skewed: bool = False
     dense: bool = False  # the dense mode (--pool threads): every task on one event loop
     paused: bool = False
@@ -248,25 +243,13 @@ class Processes:
         self.logs = workdir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.base_env = env
-        self.all: list[Managed] = []
+        self.cluster = Cluster(workdir, Managed, logs=self.logs)
+        self.all = self.cluster.procs
         self._generation: dict[int, int] = {}
 
     def env(self, **extra: str) -> dict[str, str]:
         # Nothing from the caller's DTASK_* settings leaks in: the campaign decides every one.
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DTASK_", "FAKETIME", "LD_PRELOAD"))}
-        env.update(self.base_env)
-        env.update(extra)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        env["PYTHONUNBUFFERED"] = "1"
-        return env
-
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str], **kw: Any) -> Managed:
-        log = self.logs / f"{name}.log"
-        # Own process group (one kill reaches the pool children); no developer .env is read from cwd.
-        popen = spawn(argv, env=env, log=log, cwd=self.workdir)
-        proc = Managed(name, popen, log, time.monotonic(), **kw)
-        self.all.append(proc)
-        return proc
+        return process_env({**self.base_env, **extra}, strip=("DTASK_", "FAKETIME", "LD_PRELOAD"))
 
     def start_worker(
         self, slot: int, *, concurrency: int, skew: tuple[str, float] | None = None, pool: str = "prefork"
@@ -274,11 +257,6 @@ class Processes:
         gen = self._generation[slot] = self._generation.get(slot, 0) + 1
         name = f"w{slot}.{gen}"
         node = f"chaos-{name}@{os.uname().nodename}"
-        argv = [
-            sys.executable, "-m", "celery", "-A", "tasks_core.celery_app", "worker",
-            "-Q", "durable,duties", "-c", str(concurrency), "-P", pool, "-l", "INFO", "-n", node,
-            "--without-mingle", "--without-gossip",
-        ]
         extra: dict[str, str] = {}
         if skew is not None:
             lib, seconds = skew
@@ -286,22 +264,17 @@ class Processes:
             # alone, libfaketime's sleep wrappers fail with EINVAL); rates stay true, so timers and the
             # heartbeat cadence are unchanged while every timestamp the worker could make is off.
             extra = {"LD_PRELOAD": lib, "FAKETIME": f"{int(seconds):+d}"}
-        return self._spawn(
-            name, argv, self.env(**extra), node=node, skewed=skew is not None, dense=pool == "threads"
+        return self.cluster.start_worker(
+            name, self.env(**extra), node=node, concurrency=concurrency, pool=pool, started=time.monotonic(),
+            skewed=skew is not None, dense=pool == "threads",
         )
 
     def start_beat(self) -> Managed:
-        argv = [sys.executable, "-m", "celery", "-A", "tasks_core.celery_app", "beat",
-                "-s", str(self.workdir / "beat-schedule"), "-l", "INFO"]
-        return self._spawn("beat", argv, self.env())
+        return self.cluster.start_beat("beat", self.env(), started=time.monotonic())
 
     def stop_all(self) -> None:
         """SIGCONT (a stopped group cannot die cleanly otherwise) and SIGKILL every group we started."""
-        for proc in self.all:
-            proc.signal_group(signal.SIGCONT)
-            proc.signal_group(signal.SIGKILL)
-        for proc in self.all:
-            kill_group(proc.popen)
+        self.cluster.stop_all()
 
     def tail(self, proc: Managed, lines: int = 40) -> str:
         return proc.log_tail(lines)
