@@ -146,6 +146,9 @@ class Cluster(Generic[P]):
         argv = celery_command(beat_args(schedule=schedule, loglevel=loglevel))
         return self.spawn(name, argv, env, **fields)
 
+    def start_api(self, name: str, env: Mapping[str, str], *, port: int, host: str = "127.0.0.1") -> P:
+        return self.spawn(name, dtask_command("api", "--host", host, "--port", str(port)), env)
+
     async def wait_answers_ping(
         self,
         app: Any,

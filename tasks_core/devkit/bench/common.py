@@ -329,6 +329,10 @@ class BenchEnv:
     def start_beat(self, settings: Mapping[str, str], name: str = "beat") -> Proc:
         return self.cluster.start_beat(name, self.process_env(settings), loglevel=WORKER_LOGLEVEL)
 
+    def start_api(self, settings: Mapping[str, str], port: int, name: str = "api") -> Proc:
+        """``dtask api`` on 127.0.0.1:``port``."""
+        return self.cluster.start_api(name, self.process_env(settings), port=port)
+
     def kill(self, proc: Proc) -> None:
         proc.kill_group()
         if proc in self.procs:
