@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -145,8 +144,8 @@ class _Stack:
 
 
 async def _run(opts: IngestOptions, files: int) -> dict[str, Any]:
-    from tasks_core.devkit.embedded import free_port
     from tasks_core.devkit.embedded_stores import EmbeddedMilvus, EmbeddedS3
+    from tasks_core.devkit.processes import free_port
 
     doc = Document("knowledge-ingest", public_options(opts), quick=opts.quick)
     async with BenchEnv("knowledge-ingest", opts) as env:
@@ -167,12 +166,7 @@ async def _run(opts: IngestOptions, files: int) -> dict[str, Any]:
             keys = f"{B_KEY}:{secret}" + (f",{A_KEY}:{hostile_secret}" if opts.beside_hostile else "")
             settings.update(stores, DTASK_API_KEYS=keys)
             port = free_port()
-            api = env.spawn(
-                "api",
-                [sys.executable, "-m", "tasks_core.ops.cli", "api",
-                 "--host", "127.0.0.1", "--port", str(port)],
-                settings,
-            )
+            api = env.start_api(settings, port)
             worker = env.start_worker("worker", settings, concurrency=opts.concurrency)
             doc.settings["worker_startup_seconds"] = await env.wait_ready(worker)
             engine = make_engine(db_url, pool_size=2)

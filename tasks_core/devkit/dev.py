@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from tasks_core.devkit.cluster import answers_ping
 from tasks_core.devkit.embedded import write_private
+from tasks_core.devkit.processes import tcp_connects
 from tasks_core.devkit.supervisor import (
     ChildFailed,
     EmbeddedServer,
@@ -200,9 +202,7 @@ def _s3_settings(url: str) -> dict[str, str]:
 
 def _url_port_open(url: str) -> bool:
     parts = urlsplit(url if "://" in url else f"tcp://{url}")
-    with socket.socket() as sock:
-        sock.settimeout(PROBE_TIMEOUT)
-        return sock.connect_ex((parts.hostname or "127.0.0.1", parts.port or 0)) == 0
+    return tcp_connects(parts.hostname or "127.0.0.1", parts.port or 0, PROBE_TIMEOUT)
 
 
 @dataclass(frozen=True)
@@ -248,9 +248,7 @@ BACKING = (
 
 
 def _port_open(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(PROBE_TIMEOUT)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
+    return tcp_connects("127.0.0.1", port, PROBE_TIMEOUT)
 
 
 def _api_healthy(port: int) -> Callable[[ProcessChild], bool]:
@@ -275,10 +273,9 @@ def _worker_answers_ping(broker: str, node: str) -> Callable[[ProcessChild], boo
 
     def probe(_: ProcessChild) -> bool:
         try:
-            replies = app.control.ping(destination=[node], timeout=1.0)
+            return answers_ping(app, node, timeout=1.0)
         except Exception:
             return False
-        return any(node in reply for reply in replies or [])
 
     return probe
 

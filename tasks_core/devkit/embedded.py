@@ -40,41 +40,32 @@ from urllib.parse import urlsplit
 import asyncpg
 from sqlalchemy.engine import URL, make_url
 
+from tasks_core.devkit.processes import (
+    LOOPBACK,
+    PORT_ATTEMPTS,
+    log_since,
+    log_size,
+    spawn,
+    tcp_connects,
+    terminate,
+)
+from tasks_core.devkit.processes import free_port as free_port
+from tasks_core.devkit.processes import port_is_free as port_is_free
+
 log = logging.getLogger(__name__)
 
-_HOST = "127.0.0.1"
+_HOST = LOOPBACK
 _PG_USER = "postgres"
 _PG_START_TIMEOUT = 60.0
 _PG_STOP_TIMEOUT = 30.0
 _REDIS_START_TIMEOUT = 20.0
 _REDIS_STOP_TIMEOUT = 10.0
-# An automatically chosen port can be taken between free_port() and the server's bind.
-_PORT_ATTEMPTS = 5
 
 _T = TypeVar("_T")
 
 
 class EmbeddedServerError(RuntimeError):
     """An embedded server could not be started; the message carries the tail of its log."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the caller must tolerate a race)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((_HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # As the servers do: a port whose old connections linger in TIME_WAIT is still usable.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((_HOST, port))
-        except OSError:
-            return False
-        return True
 
 
 def _package_dir(*names: str) -> pathlib.Path | None:
@@ -104,53 +95,6 @@ def write_private(path: pathlib.Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
-
-
-def _log_size(path: pathlib.Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
-def _log_tail(path: pathlib.Path, offset: int = 0, lines: int = 30) -> str:
-    """The last ``lines`` lines written after byte ``offset`` (the log is appended to across runs)."""
-    try:
-        with path.open("rb") as f:
-            f.seek(offset)
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _terminate(proc: subprocess.Popen[bytes], *steps: tuple[signal.Signals, float]) -> None:
-    """Send each (signal, grace seconds) in turn until the process exits; SIGKILL as a last resort.
-    Then clear what is left of its process group (the backends of a postmaster that crashed)."""
-    try:
-        for sig, timeout in steps:
-            if proc.poll() is not None:
-                return
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(sig)
-            try:
-                proc.wait(timeout)
-                return
-            except subprocess.TimeoutExpired:
-                log.warning("pid %s ignored %s for %.0fs", proc.pid, sig.name, timeout)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    finally:
-        _kill_group(proc.pid)
-
-
-def _kill_group(pgid: int) -> None:
-    """SIGKILL what is left of the process group of an exited server: our servers run in sessions
-    of their own, so their groups hold nothing else."""
-    from tasks_core.devkit.processes import signal_group
-
-    signal_group(pgid, signal.SIGKILL)
 
 
 def describe_exit(returncode: int) -> str:
@@ -356,16 +300,7 @@ def spawn_logged(
     """A server process writing to ``log_path``, in a session of its own: a terminal's Ctrl-C
     stays away from it (`dtask dev` stops the servers last, after the processes using them).
     ``env``: variables added to this process's environment for it."""
-    with log_path.open("ab") as log_file:
-        return subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=cwd,
-            env=None if env is None else {**os.environ, **env},
-        )
+    return spawn(cmd, env=None if env is None else {**os.environ, **env}, log=log_path, cwd=cwd)
 
 
 class ServerProcess:
@@ -395,7 +330,7 @@ class ServerProcess:
         atexit.unregister(self.stop)
         self._forget()
         if self._proc is not None:
-            _terminate(self._proc, *self.STOP_STEPS)
+            terminate(self._proc, *self.STOP_STEPS)
             self._proc = None
 
     def exit_reason(self) -> str | None:
@@ -498,7 +433,7 @@ class EmbeddedPostgres:
         self._url = None
         if self._proc is not None:
             # SIGQUIT (immediate shutdown) before SIGKILL, which would orphan the backends.
-            _terminate(self._proc, (signal.SIGINT, _PG_STOP_TIMEOUT), (signal.SIGQUIT, 5.0))
+            terminate(self._proc, (signal.SIGINT, _PG_STOP_TIMEOUT), (signal.SIGQUIT, 5.0))
             self._proc = None
         if self._adopted_pid is not None:
             self._stop_adopted(self._adopted_pid)
@@ -561,7 +496,7 @@ class EmbeddedPostgres:
             # C collation: no dependency on the host's installed locales, and deterministic sorting.
             "--no-locale",
         ]  # fmt: skip
-        log_offset = _log_size(self.log_path)
+        log_offset = log_size(self.log_path)
         with self.log_path.open("ab") as log_file:
             result = subprocess.run(
                 cmd, stdout=log_file, stderr=subprocess.STDOUT, check=False, **_as_account(account)
@@ -569,7 +504,7 @@ class EmbeddedPostgres:
         if result.returncode != 0:
             # A half-initialised directory would make every later start fail the same confusing way.
             shutil.rmtree(self.pgdata, ignore_errors=True)
-            raise EmbeddedServerError(f"initdb failed:\n{_log_tail(self.log_path, log_offset)}")
+            raise EmbeddedServerError(f"initdb failed:\n{log_since(self.log_path, log_offset)}")
 
     def _set_superuser_password(
         self, bin_dir: pathlib.Path, account: pwd.struct_passwd | None, password: str
@@ -599,7 +534,7 @@ class EmbeddedPostgres:
             yield free_port()
 
     def _spawn(self, bin_dir: pathlib.Path, account: pwd.struct_passwd | None) -> int:
-        for port in itertools.islice(self._candidate_ports(), _PORT_ATTEMPTS):
+        for port in itertools.islice(self._candidate_ports(), PORT_ATTEMPTS):
             cmd = [
                 str(bin_dir / "postgres"),
                 "-D", str(self.pgdata),
@@ -610,7 +545,7 @@ class EmbeddedPostgres:
                 # Headroom for test suites and `dtask dev` running api, workers and beat with pools.
                 "-c", "max_connections=200",
             ]  # fmt: skip
-            log_offset = _log_size(self.log_path)
+            log_offset = log_size(self.log_path)
             log_file = self.log_path.open("ab")
             try:
                 # A new session keeps a terminal's Ctrl-C away from the server: `dtask dev` stops
@@ -628,14 +563,14 @@ class EmbeddedPostgres:
             if self._wait_ready(proc, port, log_offset):
                 self._proc = proc
                 return port
-            tail = _log_tail(self.log_path, log_offset)
+            tail = log_since(self.log_path, log_offset)
             if "could not bind" in tail or "Address already in use" in tail:
                 log.info("port %s was taken before PostgreSQL bound it; trying another", port)
                 continue
             raise EmbeddedServerError(f"PostgreSQL did not start:\n{tail}")
         if self.port is not None:
             raise EmbeddedServerError(f"PostgreSQL could not bind port {self.port}: it is taken")
-        raise EmbeddedServerError(f"PostgreSQL found no free port in {_PORT_ATTEMPTS} attempts")
+        raise EmbeddedServerError(f"PostgreSQL found no free port in {PORT_ATTEMPTS} attempts")
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], port: int, log_offset: int) -> bool:
         """True once postmaster.pid says 'ready'; False if the server exited first."""
@@ -647,10 +582,10 @@ class EmbeddedPostgres:
             if lines is not None and int(lines[0]) == proc.pid and lines[7].strip() == "ready":
                 return True
             time.sleep(0.05)
-        _terminate(proc, (signal.SIGQUIT, 5.0))
+        terminate(proc, (signal.SIGQUIT, 5.0))
         raise EmbeddedServerError(
             f"PostgreSQL on port {port} was not ready after {_PG_START_TIMEOUT:.0f}s:\n"
-            + _log_tail(self.log_path, log_offset)
+            + log_since(self.log_path, log_offset)
         )
 
     def _adopt_running(self) -> tuple[int, int] | None:
@@ -828,7 +763,7 @@ class EmbeddedRedis(ServerProcess):
         # In a file of ours, not on the command line, where `ps` shows it to every account.
         config = self.data_dir / "redis.conf"
         write_private(config, f"requirepass {self._password}\n")
-        attempts = 1 if self.port is not None else _PORT_ATTEMPTS
+        attempts = 1 if self.port is not None else PORT_ATTEMPTS
         for _ in range(attempts):
             port = self.port if self.port is not None else free_port()
             cmd = [
@@ -841,19 +776,19 @@ class EmbeddedRedis(ServerProcess):
                 "--daemonize", "no",
                 "--logfile", "",
             ]  # fmt: skip
-            log_offset = _log_size(self.log_path)
+            log_offset = log_size(self.log_path)
             proc = spawn_logged(cmd, self.log_path)
             if self._wait_ready(proc, port):
                 self._adopt(proc)
                 self.port = port
                 self._url = f"redis://:{self._password}@{_HOST}:{port}/0"
                 return self._url
-            tail = _log_tail(self.log_path, log_offset)
+            tail = log_since(self.log_path, log_offset)
             # A chosen port can be lost to another process between free_port() and our bind.
             if self.port is None and ("Address already in use" in tail or not port_is_free(port)):
                 continue
             raise EmbeddedServerError(f"redis-server did not start on port {port}:\n{tail}")
-        raise EmbeddedServerError(f"redis-server found no free port in {_PORT_ATTEMPTS} attempts")
+        raise EmbeddedServerError(f"redis-server found no free port in {PORT_ATTEMPTS} attempts")
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], port: int) -> bool:
         deadline = time.monotonic() + _REDIS_START_TIMEOUT
@@ -865,10 +800,10 @@ class EmbeddedRedis(ServerProcess):
             if answered_by == proc.pid:
                 return True
             if answered_by is not None:
-                _terminate(proc)
+                terminate(proc)
                 return False
             time.sleep(0.02)
-        _terminate(proc)
+        terminate(proc)
         raise EmbeddedServerError(
             f"redis-server on port {port} was not ready after {_REDIS_START_TIMEOUT:.0f}s"
         )
@@ -957,21 +892,13 @@ def reachable(url: str, timeout: float = 2.0) -> bool:
         port = pg.port or 5432
         if host is not None and host.startswith("/"):
             return _unix_connects(f"{host}/.s.PGSQL.{port}", timeout)
-        return _tcp_connects(host or "localhost", port, timeout)
+        return tcp_connects(host or "localhost", port, timeout)
     if scheme in ("redis", "rediss"):
         parts = urlsplit(url)
-        return _tcp_connects(parts.hostname or "localhost", parts.port or 6379, timeout)
+        return tcp_connects(parts.hostname or "localhost", parts.port or 6379, timeout)
     if scheme == "unix":
         return _unix_connects(urlsplit(url).path, timeout)
     raise ValueError(f"not a PostgreSQL or Redis URL: {url!r}")
-
-
-def _tcp_connects(host: str, port: int, timeout: float) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def _unix_connects(path: str, timeout: float) -> bool:

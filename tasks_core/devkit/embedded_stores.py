@@ -19,7 +19,6 @@ import pathlib
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -27,17 +26,16 @@ import time
 from dataclasses import dataclass
 from urllib.parse import quote, unquote, urlsplit
 
-from tasks_core.devkit.embedded import (
-    _HOST,
-    _PORT_ATTEMPTS,
-    EmbeddedServerError,
-    ServerProcess,
-    _log_size,
-    _log_tail,
-    _terminate,
+from tasks_core.devkit.embedded import EmbeddedServerError, ServerProcess, spawn_logged
+from tasks_core.devkit.processes import (
+    LOOPBACK,
+    PORT_ATTEMPTS,
     free_port,
+    log_since,
+    log_size,
     port_is_free,
-    spawn_logged,
+    tcp_connects,
+    terminate,
 )
 
 _MILVUS_START_TIMEOUT = 60.0
@@ -55,9 +53,7 @@ _WEED_GRPC_OFFSET = 10000
 
 
 def _tcp_open(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection((_HOST, port), timeout=0.5):
-        return True
-    return False
+    return tcp_connects(LOOPBACK, port, timeout=0.5)
 
 
 # --------------------------------------------------------------------------------------------- Milvus
@@ -93,29 +89,29 @@ class EmbeddedMilvus(ServerProcess):
             )
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(1 if self.port is not None else _PORT_ATTEMPTS):
+        for _ in range(1 if self.port is not None else PORT_ATTEMPTS):
             port = self.port if self.port is not None else free_port()
             cmd = [
                 sys.executable, "-m", "milvus_lite", "server",
-                "--host", _HOST, "--port", str(port), "--data-dir", str(self.data_dir / "data"),
+                "--host", LOOPBACK, "--port", str(port), "--data-dir", str(self.data_dir / "data"),
                 # One request at a time: milvus-lite does not serialize writers, so concurrent
                 # upserts interleave their records in its write-ahead log, and a restart after a
                 # crash drops everything after the first torn record (3,000 acknowledged vectors
                 # from four writers came back as 180). No slower: the engine holds Python's GIL.
                 "--max-workers", "1",
             ]  # fmt: skip
-            offset = _log_size(self.log_path)
+            offset = log_size(self.log_path)
             proc = spawn_logged(cmd, self.log_path, self.data_dir, env=_MILVUS_ENV)
             if self._wait_ready(proc, port, offset):
                 self._adopt(proc)
                 self.port = port
-                self._uri = f"http://{_HOST}:{port}"
+                self._uri = f"http://{LOOPBACK}:{port}"
                 return self._uri
-            tail = _log_tail(self.log_path, offset)
+            tail = log_since(self.log_path, offset)
             if self.port is None and ("bind" in tail.lower() or not port_is_free(port)):
                 continue  # the port was taken between free_port() and the server's bind
             raise EmbeddedServerError(f"milvus-lite did not start:\n{tail}")
-        raise EmbeddedServerError(f"milvus-lite found no free port in {_PORT_ATTEMPTS} attempts")
+        raise EmbeddedServerError(f"milvus-lite found no free port in {PORT_ATTEMPTS} attempts")
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], port: int, offset: int) -> bool:
         """True once the server printed that it listens and the port accepts connections."""
@@ -124,13 +120,13 @@ class EmbeddedMilvus(ServerProcess):
             if proc.poll() is not None:
                 return False
             # The line comes after server.start(); the connect proves it is our server listening.
-            if "listening on" in _log_tail(self.log_path, offset, lines=5) and _tcp_open(port):
+            if "listening on" in log_since(self.log_path, offset, lines=5) and _tcp_open(port):
                 return True
             time.sleep(0.05)
-        _terminate(proc, *_MILVUS_STOP_STEPS)
+        terminate(proc, *_MILVUS_STOP_STEPS)
         raise EmbeddedServerError(
             f"milvus-lite on port {port} was not ready after {_MILVUS_START_TIMEOUT:.0f}s:\n"
-            + _log_tail(self.log_path, offset)
+            + log_since(self.log_path, offset)
         )
 
     def _forget(self) -> None:
@@ -215,7 +211,7 @@ class EmbeddedS3(ServerProcess):
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         (self.data_dir / "data").mkdir(exist_ok=True)
         access, secret = self._credentials()
-        for _ in range(_PORT_ATTEMPTS):
+        for _ in range(PORT_ATTEMPTS):
             ports = {name: free_port() for name in (
                 "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
                 "filer.port.grpc", "s3.port", "s3.port.grpc",
@@ -225,7 +221,7 @@ class EmbeddedS3(ServerProcess):
             admin = _admin_port()
             cmd = [
                 str(exe), "mini",
-                f"-dir={self.data_dir / 'data'}", f"-ip={_HOST}", f"-ip.bind={_HOST}",
+                f"-dir={self.data_dir / 'data'}", f"-ip={LOOPBACK}", f"-ip.bind={LOOPBACK}",
                 *(f"-{flag}={port}" for flag, port in ports.items()),
                 f"-admin.port={admin}", f"-admin.port.grpc={admin + _WEED_GRPC_OFFSET}", "-admin.ui=false",
                 "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false",
@@ -235,21 +231,21 @@ class EmbeddedS3(ServerProcess):
                 f"-filer.localSocket={self.data_dir / 'filer.sock'}",
                 "-master.telemetry=false",
             ]  # fmt: skip
-            offset = _log_size(self.log_path)
+            offset = log_size(self.log_path)
             proc = spawn_logged(cmd, self.log_path, self.data_dir)
-            endpoint = S3Endpoint(f"{_HOST}:{ports['s3.port']}", access, secret)
+            endpoint = S3Endpoint(f"{LOOPBACK}:{ports['s3.port']}", access, secret)
             if self._wait_ready(proc, endpoint, offset):
                 self._adopt(proc)
                 self.port = ports["s3.port"]
                 self._endpoint = endpoint
                 return endpoint
-            tail = _log_tail(self.log_path, offset)
+            tail = log_since(self.log_path, offset)
             if self.port is not None and not port_is_free(self.port):
                 raise EmbeddedServerError(f"weed mini could not bind its S3 port {self.port}: it is taken")
             if "address already in use" in tail.lower():
                 continue  # one of the free ports was taken before weed bound it
             raise EmbeddedServerError(f"weed mini did not start:\n{tail}")
-        raise EmbeddedServerError(f"weed mini found no free ports in {_PORT_ATTEMPTS} attempts")
+        raise EmbeddedServerError(f"weed mini found no free ports in {PORT_ATTEMPTS} attempts")
 
     def _credentials(self) -> tuple[str, str]:
         """The admin key pair, created once per data directory (0600) and reused on restarts."""
@@ -281,14 +277,14 @@ class EmbeddedS3(ServerProcess):
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 return False
-            if "ready to use" in _log_tail(self.log_path, offset, lines=200):
+            if "ready to use" in log_since(self.log_path, offset, lines=200):
                 with contextlib.suppress(Exception):  # not answering yet
                     client.bucket_exists("dtask-readiness-probe")
                     return True
             time.sleep(0.1)
-        _terminate(proc, *_S3_STOP_STEPS)
+        terminate(proc, *_S3_STOP_STEPS)
         raise EmbeddedServerError(
-            f"weed mini was not ready after {_S3_START_TIMEOUT:.0f}s:\n" + _log_tail(self.log_path, offset)
+            f"weed mini was not ready after {_S3_START_TIMEOUT:.0f}s:\n" + log_since(self.log_path, offset)
         )
 
     def _forget(self) -> None:

@@ -1,34 +1,99 @@
-"""Child processes in their own process groups: start, signal, kill, wait, find their members.
+"""Child processes in their own process groups: start, signal, kill, wait, find their members;
+the loopback ports they listen on and the log files they write.
 
-One module for the bench, the fault campaign, the outage helpers and the system tests, which all
-run real ``celery worker``/``beat``/``dtask api`` processes. Every process is started in its own
-session (so its process group id is its pid): one ``killpg`` reaches the pool children too, and a
-Ctrl-C meant for the caller never reaches them. Output goes to a log file, input is closed.
+One module for the embedded servers, the cluster harness (bench, fault campaign, system tests), the
+outage helpers and `dtask dev`, which all run real servers and ``celery worker``/``beat``/``dtask
+api`` processes. Every process is started in its own session (so its process group id is its pid):
+one ``killpg`` reaches the pool children too, and a Ctrl-C meant for the caller never reaches them.
+Output goes to a log file, input is closed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
+import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+log = logging.getLogger(__name__)
+
 REAP_SECONDS = 10.0
+LOOPBACK = "127.0.0.1"
+# An automatically chosen port can be taken between free_port() and the server's bind.
+PORT_ATTEMPTS = 5
 
 
-def spawn(argv: Sequence[str], *, env: Mapping[str, str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
-    """Start ``argv`` in a new session, stdout and stderr appended to ``log``.
+def spawn(
+    argv: Sequence[str], *, env: Mapping[str, str] | None, log: Path, cwd: Path | None
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a new session, stdout and stderr appended to ``log`` (``env`` None: this
+    process's environment).
 
     ``cwd`` should lie outside any checkout, so no developer ``.env`` is read by the child.
     """
     with log.open("ab") as out:
         return subprocess.Popen(
-            list(argv), env=dict(env), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, cwd=cwd,
+            list(argv), env=None if env is None else dict(env), stdout=out, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd,
         )
+
+
+def terminate(proc: subprocess.Popen[bytes], *steps: tuple[signal.Signals, float]) -> None:
+    """Send each (signal, grace seconds) in turn until the process exits; SIGKILL as a last resort.
+    Then clear what is left of its process group (the backends of a postmaster that crashed): the
+    process leads a session of its own, so its group holds nothing else."""
+    try:
+        for sig, timeout in steps:
+            if proc.poll() is not None:
+                return
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)
+            try:
+                proc.wait(timeout)
+                return
+            except subprocess.TimeoutExpired:
+                log.warning("pid %s ignored %s for %.0fs", proc.pid, sig.name, timeout)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    finally:
+        signal_group(proc.pid, signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------------------------- ports
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the caller must tolerate a race)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As the servers do: a port whose old connections linger in TIME_WAIT is still usable.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return False
+        return True
+
+
+def tcp_connects(host: str, port: int, timeout: float) -> bool:
+    """Whether something accepts a TCP connection on ``host:port`` within ``timeout`` seconds."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def _stat_fields(pid: int | str) -> list[str] | None:
@@ -106,12 +171,29 @@ def kill_group(popen: subprocess.Popen[bytes], timeout: float = REAP_SECONDS) ->
     return None
 
 
-def log_tail(log: Path, lines: int) -> str:
+# --------------------------------------------------------------------------------------------- logs
+
+
+def log_size(path: Path) -> int:
     try:
-        text = log.read_text(errors="replace")
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def log_since(path: Path, offset: int = 0, lines: int = 30) -> str:
+    """The last ``lines`` lines written after byte ``offset`` (a log appended to across runs)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
     except OSError:
         return "(no log)"
     return "\n".join(text.splitlines()[-lines:])
+
+
+def log_tail(log: Path, lines: int) -> str:
+    return log_since(log, 0, lines)
 
 
 @dataclass

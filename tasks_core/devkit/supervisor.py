@@ -24,6 +24,7 @@ from types import FrameType
 from typing import Protocol
 
 from tasks_core.devkit.embedded import describe_exit
+from tasks_core.devkit.processes import log_size, spawn
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -225,16 +226,8 @@ class ProcessChild:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as out:
-            self.log_offset = out.tell()
-            self.proc = subprocess.Popen(
-                self.argv,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self.log_offset = log_size(self.log_path)
+        self.proc = spawn(self.argv, env=self.env, log=self.log_path, cwd=None)
 
     def exit_reason(self) -> str | None:
         if self.proc is None:

@@ -183,24 +183,20 @@ def worker(
     settings.require_broker()
     _schema_gate(settings)
     from tasks_core.celery_app import app
+    from tasks_core.ops.commands import worker_args
     from tasks_core.transport import DURABLE_QUEUE, DUTIES_QUEUE
 
     consumed = [q.strip() for q in (queues or DURABLE_QUEUE).split(",") if q.strip()]
-    argv = [
-        "worker",
-        "-Q",
-        ",".join(dict.fromkeys([*consumed, DUTIES_QUEUE])),  # every worker runs the duties
-        "-c",
-        str(concurrency or settings.concurrency),
-        "-P",
-        pool,
-        "-l",
-        loglevel,
-        "-E",
-    ]
-    # A node name of its own per process: two workers on one host must not share one (on RabbitMQ
-    # the node's pidbox queue is exclusive, and the second would fail to start).
-    argv += ["-n", hostname or f"dtask-{os.getpid()}@%h"]
+    argv = worker_args(
+        queues=list(dict.fromkeys([*consumed, DUTIES_QUEUE])),  # every worker runs the duties
+        concurrency=concurrency or settings.concurrency,
+        pool=pool,
+        loglevel=loglevel,
+        # A node name of its own per process: two workers on one host must not share one (on
+        # RabbitMQ the node's pidbox queue is exclusive, and the second would fail to start).
+        node=hostname or f"dtask-{os.getpid()}@%h",
+        events=True,
+    )
     app.worker_main(argv)
 
 
@@ -218,8 +214,9 @@ def beat(
     settings.require_broker()
     _schema_gate(settings)
     from tasks_core.celery_app import app
+    from tasks_core.ops.commands import beat_args
 
-    app.start(["beat", "-s", schedule, "-l", loglevel])
+    app.start(beat_args(schedule=schedule, loglevel=loglevel))
 
 
 @cli.command()

@@ -1,10 +1,11 @@
 """Real worker and beat processes for the system tests.
 
-Each test gets a ``cluster``: it starts ``celery -A tasks_core.celery_app worker|beat`` (or the
-``dtask`` CLI) as subprocesses against the session's test database and Redis DB index (exported
-by the root conftest), each in its own session/process group so a test can SIGKILL a worker with
-all its pool children. Logs go to files under ``tmp_path`` and are printed when a test fails.
-Teardown always kills whatever is left, whole process groups included.
+Each test gets a ``cluster``: a thin fixture over ``tasks_core.devkit.cluster.Cluster``, which
+starts ``celery -A tasks_core.celery_app worker|beat`` (or the ``dtask`` CLI) as subprocesses
+against the session's test database and Redis DB index (exported by the root conftest), each in
+its own session/process group so a test can SIGKILL a worker with all its pool children. Logs go
+to files under ``tmp_path`` and are printed when a test fails. Teardown always kills whatever is
+left, whole process groups included.
 
 Readiness is polled, never slept for: a worker is ready when it answers a remote-control ping
 under its node name; beat is ready when a reconcile it scheduled has written the readiness key.
@@ -12,12 +13,9 @@ under its node name; beat is ready when a reconcile it scheduled has written the
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -27,7 +25,7 @@ from typing import Any, TypeVar
 import pytest
 import redis as redis_sync
 
-from tasks_core.devkit.processes import GroupProcess, kill_group, spawn
+from tasks_core.devkit import cluster as harness
 from tests.tools import require_rabbitmq
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,21 +59,12 @@ async def wait_for(
     probe: Callable[[], Awaitable[T | None]], *, within: float, interval: float = 0.1, what: str = "condition"
 ) -> T:
     """Poll ``probe`` until it returns something other than None (or False); fail after ``within`` s."""
-    deadline = time.monotonic() + within
-    while True:
-        value = await probe()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {within:g} s waiting for {what}")
-        await asyncio.sleep(interval)
+    return await harness.poll(probe, within=within, interval=interval, what=what)
 
 
 @dataclass
-class Proc(GroupProcess):
+class Proc(harness.ClusterProcess):
     """A started process (tasks_core.devkit.processes does the signalling); a worker knows its node name."""
-
-    node: str | None = None
 
     def killpg(self, sig: int = signal.SIGKILL) -> None:
         """Signal the whole process group: the main process and every pool child."""
@@ -100,7 +89,8 @@ class Cluster:
         self.dir = tmp_path
         self.redis = redis_client
         self.broker = broker
-        self.procs: list[Proc] = []
+        self.harness = harness.Cluster(tmp_path, Proc)
+        self.procs = self.harness.procs
         self._app: Any = None
 
     # ------------------------------------------------------------------ environment
@@ -109,25 +99,9 @@ class Cluster:
         # Only the test services from the root conftest: no DTASK_* setting from the developer's
         # shell (capacity, concurrency, extra task modules...) changes what the processes do.
         keep = {"DTASK_DATABASE_URL", "DTASK_BROKER_URL", "DTASK_REDIS_URL"}
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DTASK_") or k in keep}
-        env.update(BASE_ENV)
-        if self.broker is not None:
-            env.update(self.broker.env)
-        env.update(overrides)
+        settings = {**BASE_ENV, **(self.broker.env if self.broker is not None else {}), **overrides}
         # The subprocesses import the code under test from this checkout, whatever is installed.
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        env["PYTHONUNBUFFERED"] = "1"
-        return env
-
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str], node: str | None = None) -> Proc:
-        log = self.dir / f"{name}.log"
-        # Its own process group: killpg reaches the pool children too, and a signal meant for the
-        # test runner never reaches the workers. cwd is outside the checkout, so no developer .env
-        # is read; PYTHONPATH finds the code.
-        popen = spawn(argv, env=env, log=log, cwd=self.dir)
-        proc = Proc(name, popen, log, node)
-        self.procs.append(proc)
-        return proc
+        return harness.process_env(settings, keep=keep)
 
     # ------------------------------------------------------------------ processes
 
@@ -141,58 +115,22 @@ class Cluster:
         **env: str,
     ) -> Proc:
         """A worker; ``pool`` is prefork (a process per task) or threads (the dense mode)."""
-        node = f"{name}-{uuid.uuid4().hex[:6]}@%h"
+        node = f"{name}-{uuid.uuid4().hex[:6]}@{os.uname().nodename}"
         if cli:
-            argv = [sys.executable, "-m", "tasks_core.ops.cli", "worker", "-c", str(concurrency), "-n", node]
-            argv += ["--pool", pool]
-        else:
-            argv = [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "tasks_core.celery_app",
-                "worker",
-                "-Q",
-                "durable,duties",
-                "-c",
-                str(concurrency),
-                "-P",
-                pool,
-                "-l",
-                "INFO",
-                "-n",
-                node,
-                # Neighbour discovery only slows start-up; nothing here depends on it.
-                "--without-mingle",
-                "--without-gossip",
-            ]
-        expanded = node.replace("%h", os.uname().nodename)
-        return self._spawn(name, argv, self.env(**env), node=expanded)
+            argv = harness.dtask_command("worker", "-c", str(concurrency), "-n", node, "--pool", pool)
+            return self.harness.spawn(name, argv, self.env(**env), node=node)
+        return self.harness.start_worker(name, self.env(**env), node=node, concurrency=concurrency, pool=pool)
 
     def start_beat(self, name: str = "beat", *, cli: bool = False, **env: str) -> Proc:
-        schedule = str(self.dir / f"{name}-schedule")
         if cli:
-            argv = [sys.executable, "-m", "tasks_core.ops.cli", "beat", "--schedule", schedule]
-        else:
-            argv = [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "tasks_core.celery_app",
-                "beat",
-                "-s",
-                schedule,
-                "-l",
-                "INFO",
-            ]
-        return self._spawn(name, argv, self.env(**env))
+            argv = harness.dtask_command("beat", "--schedule", str(self.dir / f"{name}-schedule"))
+            return self.harness.spawn(name, argv, self.env(**env))
+        return self.harness.start_beat(name, self.env(**env))
 
     def run_cli(self, *args: str, timeout: float = 60.0, **env: str) -> subprocess.CompletedProcess[str]:
         """Run one `dtask` command to completion (the same entry point as the console script)."""
         return subprocess.run(
-            [sys.executable, "-m", "tasks_core.ops.cli", *args],
+            harness.dtask_command(*args),
             env=self.env(**env),
             cwd=self.dir,
             capture_output=True,
@@ -220,13 +158,11 @@ class Cluster:
         ``broker`` when the worker uses another than the session's)."""
         app = self._control_app() if broker is None else _app_on(broker)
 
-        async def answered() -> bool:
+        def alive() -> None:
             if not proc.alive():
                 raise AssertionError(f"{proc.name} exited with {proc.popen.returncode} before it was ready")
-            replies = await asyncio.to_thread(app.control.ping, destination=[proc.node], timeout=0.5)
-            return any(proc.node in reply for reply in replies or [])
 
-        await wait_for(answered, within=within, interval=0.2, what=f"{proc.name} to answer a ping")
+        await self.harness.wait_answers_ping(app, proc, within=within, interval=0.2, check=alive)
 
     async def wait_readiness_fact(self, within: float = STARTUP_TIMEOUT) -> None:
         """Beat scheduled a reconcile and a worker ran it: the chain that recovers tasks is up."""
@@ -243,10 +179,7 @@ class Cluster:
     # ------------------------------------------------------------------ teardown
 
     def stop_all(self) -> None:
-        for proc in self.procs:
-            proc.killpg(signal.SIGKILL)
-        for proc in self.procs:
-            kill_group(proc.popen)
+        self.harness.stop_all()
 
     def dump_logs(self) -> str:
         parts = []
@@ -262,14 +195,7 @@ class Cluster:
 
 def _app_on(broker: str) -> Any:
     """A Celery app on ``broker`` declaring our queues as the workers do (quorum on RabbitMQ)."""
-    from celery import Celery
-
-    import celeryconfig
-
-    app = Celery("control", set_as_current=False)
-    app.config_from_object("celeryconfig")
-    app.conf.update(celeryconfig.broker_settings(broker), beat_schedule={})
-    return app
+    return harness.celery_on(broker, "control")
 
 
 @pytest.fixture(scope="session")

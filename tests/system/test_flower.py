@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,19 +15,14 @@ import httpx
 import pytest
 import redis as redis_sync
 
+from tasks_core.devkit.cluster import Cluster, ClusterProcess
+from tasks_core.devkit.processes import free_port, port_is_free
 from tasks_core.ops.flower import FlowerConfigError, flower_argv, parse_basic_auth
 from tasks_core.settings import Settings
 
 pytestmark = pytest.mark.system
 
-VENV_BIN = Path(sys.executable).parent
 AUTH = ("flower-admin", "s3cret pass")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _flower_cmd(address: str, port: int, insecure_local: bool = False) -> list[str]:
@@ -40,21 +32,6 @@ def _flower_cmd(address: str, port: int, insecure_local: bool = False) -> list[s
     return [sys.executable, "-c", code]
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    # Each child leads its own process group: TERM the whole group (prefork children included),
-    # then KILL whatever is still there.
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    for proc in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=5)
-
-
 def _tail(path: Path) -> str:
     return path.read_text(errors="replace")[-3000:] if path.exists() else ""
 
@@ -62,23 +39,20 @@ def _tail(path: Path) -> str:
 @pytest.fixture
 def flower_stack(tmp_path: Path, redis_client: redis_sync.Redis) -> Iterator[dict[str, Any]]:
     redis_client.flushdb()  # no stale task ids for this worker to pick up
-    port = _free_port()
+    port = free_port()
     worker_name = f"flowertest-{uuid.uuid4().hex[:8]}"
     env = dict(os.environ, DTASK_FLOWER_BASIC_AUTH=f"{AUTH[0]}:{AUTH[1]}")
-    logs = {"flower": tmp_path / "flower.log", "worker": tmp_path / "worker.log"}
-    procs: list[subprocess.Popen[bytes]] = []
+    # cwd=tmp_path: no stray .env or flowerconfig.py from the checkout changes what starts. Each
+    # process leads its own session: the teardown's killpg reaches the prefork children too.
+    cluster = Cluster(tmp_path, ClusterProcess)
     try:
-        # cwd=tmp_path: no stray .env or flowerconfig.py from the checkout changes what starts.
-        worker = [str(VENV_BIN / "celery"), "-A", "tasks_core.celery_app", "worker", "-Q", "durable,duties",
-                  "-c", "2", "-n", f"{worker_name}@%h", "-l", "INFO"]
-        for name, argv in (("worker", worker), ("flower", _flower_cmd("127.0.0.1", port))):
-            with logs[name].open("wb") as out:
-                # Own session: killpg in teardown reaches the prefork children too.
-                procs.append(subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=out,
-                                              stderr=subprocess.STDOUT, start_new_session=True))
+        cluster.start_worker("worker", env, node=f"{worker_name}@{os.uname().nodename}", concurrency=2)
+        cluster.spawn("flower", _flower_cmd("127.0.0.1", port), env)
+        procs = [proc.popen for proc in cluster.procs]
+        logs = {proc.name: proc.log for proc in cluster.procs}
         yield {"base": f"http://127.0.0.1:{port}", "worker": worker_name, "procs": procs, "logs": logs}
     finally:
-        _stop(procs)
+        cluster.stop_all()
 
 
 def _wait_for(what: str, check: Any, stack: dict[str, Any], timeout: float = 25.0) -> Any:
@@ -125,7 +99,7 @@ def test_flower_requires_basic_auth_and_lists_the_worker(flower_stack: dict[str,
 
 def test_refuses_to_start_unauthenticated_on_a_public_address(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "DTASK_FLOWER_BASIC_AUTH"}
-    port = _free_port()
+    port = free_port()
     for insecure_local in (False, True):  # the dev opt-in never covers a non-loopback address
         done = subprocess.run(_flower_cmd("0.0.0.0", port, insecure_local), env=env, cwd=tmp_path,
                               capture_output=True, text=True, timeout=30)
@@ -133,13 +107,12 @@ def test_refuses_to_start_unauthenticated_on_a_public_address(tmp_path: Path) ->
         assert "refusing to start Flower without authentication" in done.stderr
         assert "DTASK_FLOWER_BASIC_AUTH" in done.stderr
     # Nothing was left listening.
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", port))
+    assert port_is_free(port)
 
 
 def test_malformed_basic_auth_is_a_clear_error_without_echoing_it(tmp_path: Path) -> None:
     env = dict(os.environ, DTASK_FLOWER_BASIC_AUTH="just-a-password-no-user")
-    done = subprocess.run(_flower_cmd("127.0.0.1", _free_port(), True), env=env, cwd=tmp_path,
+    done = subprocess.run(_flower_cmd("127.0.0.1", free_port(), True), env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 2
     assert "must be 'user:password'" in done.stderr

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import os
 import shutil
 import signal
@@ -30,8 +29,10 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-import tasks_core
-from tasks_core.devkit.processes import GroupProcess, process_tree, spawn
+from tasks_core.devkit.cluster import ROOT as ROOT
+from tasks_core.devkit.cluster import Cluster, ClusterProcess, celery_on, process_env
+from tasks_core.devkit.cluster import poll as poll_until
+from tasks_core.devkit.processes import process_tree
 from tasks_core.devkit.rabbitmq import PrivateVhost
 from tasks_core.settings import Settings
 
@@ -43,8 +44,6 @@ DEFAULT_REDIS_DB = 13
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 TERMINAL = ("success", "failed", "cancelled")
 TERMINAL_SQL = "('success', 'failed', 'cancelled')"
-# The checkout the subprocesses must import (the same code as this process, whatever is installed).
-ROOT = Path(tasks_core.__file__).resolve().parent.parent
 STARTUP_TIMEOUT = 60.0
 LOG_TAIL_LINES = 40
 # Worker log level for every measured process, durable and plain alike: INFO logs two lines per
@@ -142,10 +141,7 @@ worker_pids = process_tree
 
 
 @dataclass
-class Proc(GroupProcess):
-    argv: list[str] = field(default_factory=list)
-    node: str | None = None  # a worker's Celery node name
-
+class Proc(ClusterProcess):
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return super().log_tail(lines)
 
@@ -155,16 +151,7 @@ async def poll(
     check: Callable[[], None] | None = None,
 ) -> T:
     """Call ``probe`` until it returns something other than None/False; BenchError after ``within`` s."""
-    deadline = time.monotonic() + within
-    while True:
-        if check is not None:
-            check()
-        value = await probe()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() >= deadline:
-            raise BenchError(f"timed out after {within:g} s waiting for {what}")
-        await asyncio.sleep(interval)
+    return await poll_until(probe, within=within, interval=interval, what=what, check=check, error=BenchError)
 
 
 class BenchEnv:
@@ -185,7 +172,8 @@ class BenchEnv:
         self.vhost: PrivateVhost | None = None
         self.dir = Path(tempfile.mkdtemp(prefix=f"dtask-bench-{workload}-"))
         self.databases: list[str] = []
-        self.procs: list[Proc] = []
+        self.cluster = Cluster(self.dir, Proc)
+        self.procs = self.cluster.procs
         self._celery: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -281,14 +269,7 @@ class BenchEnv:
         is not ``tasks_core.celery_app.app``, whose broker comes from the caller's environment.
         """
         if self._celery is None:
-            from celery import Celery
-
-            app = Celery("dtask_bench_client", set_as_current=False)
-            app.config_from_object("celeryconfig")
-            # The queues as the workers declare them (quorum on RabbitMQ); by name, as Celery loads it.
-            broker = importlib.import_module("celeryconfig").broker_settings(self.transport)
-            app.conf.update(broker, beat_schedule={})
-            self._celery = app
+            self._celery = celery_on(self.transport, "dtask_bench_client")
         return self._celery
 
     def celery_settings(self) -> dict[str, Any]:
@@ -310,11 +291,7 @@ class BenchEnv:
 
         Stripping DTASK_* makes the recorded settings the complete truth about what ran.
         """
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DTASK_")}
-        env.update(settings)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        env["PYTHONUNBUFFERED"] = "1"
-        return env
+        return process_env(settings)
 
     def dtask_settings(self, db_url: str | None, **overrides: Any) -> dict[str, str]:
         """DTASK_* variables for a worker/beat process on this run's database and Redis DB. A
@@ -329,14 +306,9 @@ class BenchEnv:
         return settings
 
     def spawn(self, name: str, argv: list[str], settings: Mapping[str, str], node: str | None = None) -> Proc:
-        log = self.dir / f"{name}.log"
         # Own process group: one kill reaches the pool children too, and the terminal's Ctrl-C
-        # reaches only the bench, whose finally then kills the group. The scratch directory is
-        # outside any checkout, so no developer .env is read.
-        popen = spawn(argv, env=self.process_env(settings), log=log, cwd=self.dir)
-        proc = Proc(name, popen, log, argv, node)
-        self.procs.append(proc)
-        return proc
+        # reaches only the bench, whose finally then kills the group.
+        return self.cluster.spawn(name, argv, self.process_env(settings), node=node)
 
     def start_worker(
         self,
@@ -349,18 +321,17 @@ class BenchEnv:
         pool: str = "prefork",
     ) -> Proc:
         node = f"{name}-{uuid.uuid4().hex[:6]}@{os.uname().nodename}"
-        argv = [
-            sys.executable, "-m", "celery", "-A", app, "worker", "-Q", ",".join(queues),
-            "-c", str(concurrency), "-P", pool, "-l", WORKER_LOGLEVEL, "-n", node,
-            # Neighbour discovery only slows start-up; nothing measured depends on it.
-            "--without-mingle", "--without-gossip",
-        ]  # fmt: skip
-        return self.spawn(name, argv, settings, node)
+        return self.cluster.start_worker(
+            name, self.process_env(settings), node=node, concurrency=concurrency, pool=pool, queues=queues,
+            loglevel=WORKER_LOGLEVEL, app=app,
+        )
 
     def start_beat(self, settings: Mapping[str, str], name: str = "beat") -> Proc:
-        argv = [sys.executable, "-m", "celery", "-A", "tasks_core.celery_app", "beat",
-                "-s", str(self.dir / f"{name}-schedule"), "-l", WORKER_LOGLEVEL]
-        return self.spawn(name, argv, settings)
+        return self.cluster.start_beat(name, self.process_env(settings), loglevel=WORKER_LOGLEVEL)
+
+    def start_api(self, settings: Mapping[str, str], port: int, name: str = "api") -> Proc:
+        """``dtask api`` on 127.0.0.1:``port``."""
+        return self.cluster.start_api(name, self.process_env(settings), port=port)
 
     def kill(self, proc: Proc) -> None:
         proc.kill_group()
@@ -376,15 +347,10 @@ class BenchEnv:
 
     async def wait_ready(self, proc: Proc, within: float = STARTUP_TIMEOUT) -> float:
         """Seconds until the worker answers a ping addressed to its own node name."""
-        started = time.monotonic()
-
-        async def answered() -> bool:
-            replies = await asyncio.to_thread(self.celery.control.ping, destination=[proc.node], timeout=0.5)
-            return any(proc.node in reply for reply in replies or [])
-
-        await poll(answered, within=within, interval=0.1, what=f"{proc.name} to answer a ping",
-                   check=lambda: self.check_alive(proc))
-        return time.monotonic() - started
+        return await self.cluster.wait_answers_ping(
+            self.celery, proc, within=within, interval=0.1, check=lambda: self.check_alive(proc),
+            error=BenchError,
+        )
 
     def logs(self) -> str:
         return "\n".join(f"===== {p.name} =====\n{p.log_tail()}" for p in self.procs)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -99,7 +98,7 @@ async def _run(opts: SubmitOptions) -> dict[str, Any]:
     except ImportError:
         raise BenchError("the HTTP variants' clients need aiohttp: pip install -e '.[bench]'") from None
 
-    from tasks_core.devkit.embedded import free_port
+    from tasks_core.devkit.processes import free_port
 
     pv = peers.procrastinate_version()
     variants = _variants(opts, pv is not None)
@@ -114,8 +113,7 @@ async def _run(opts: SubmitOptions) -> dict[str, Any]:
         doc.settings.update(api_env=effective_settings(settings), celery=env.celery_settings())
         settings["DTASK_API_KEYS"] = f"bench:{secret}:admin"  # admin: may submit diagnostics types
         port = free_port()
-        api = env.spawn("api", [sys.executable, "-m", "tasks_core.ops.cli", "api", "--host", "127.0.0.1",
-                                "--port", str(port)], settings)
+        api = env.start_api(settings, port)
         doc.settings["api_argv"] = api.argv
         pq = peers.Procrastinate(db_url) if pv is not None else None
         # Idle keep-alive connections are dropped by the client before uvicorn's 5 s keep-alive

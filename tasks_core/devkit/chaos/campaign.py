@@ -27,12 +27,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import importlib
 import math
 import os
-import random
 import shutil
-import signal
 import tempfile
 import time
 import uuid
@@ -45,7 +42,6 @@ from typing import Any
 from sqlalchemy import text
 
 from tasks_core import metrics
-from tasks_core.devkit import outage
 from tasks_core.devkit.chaos import faults as F
 from tasks_core.devkit.chaos.checker import (
     Bounds,
@@ -53,11 +49,11 @@ from tasks_core.devkit.chaos.checker import (
     Observations,
     PostgresOutage,
     Report,
-    RunningLease,
     check,
     load_snapshot,
     merge_counts,
 )
+from tasks_core.devkit.cluster import answers_ping, celery_on
 from tasks_core.devkit.rabbitmq import DEFAULT_URL as DEFAULT_RABBITMQ_URL
 from tasks_core.devkit.rabbitmq import PrivateVhost, masked
 from tasks_core.duties.readiness import READINESS_KEY
@@ -213,51 +209,50 @@ class Campaign:
         self.outages: list[list[datetime | None]] = []
         self.postgres_outages: list[PostgresOutage] = []
         self.worker_faults: list[tuple[datetime, str]] = []
-        self._owner_pauses: set[str] = set()  # workers a pause_worker fault holds stopped
         # While the campaign holds its PostgreSQL down, its own users of the database (submitter,
         # monitor, fault log) wait on this lock or log no PostgreSQL time, instead of hanging on a
         # paused server or retrying into a restart.
-        self._db_lock = asyncio.Lock()
-        self._pg_up = asyncio.Event()
-        self._pg_up.set()
+        self.db_lock = asyncio.Lock()
+        self.pg_up = asyncio.Event()
+        self.pg_up.set()
         self.expired: dict[tuple[uuid.UUID, datetime], datetime] = {}
         self.stalls: list[tuple[datetime, datetime]] = []
         self.max_running = 0
         self.metric_parts: list[dict[str, float]] = []
-        self.broker_down = False
-        self._vhost: PrivateVhost | None = None
+        self.vhost: PrivateVhost | None = None
         self._background: list[asyncio.Task[None]] = []
         self._stop_monitor = asyncio.Event()
         self._skew: tuple[str, float] | None = None
-        self._admin: str | None = None
-        self._pg: Any = None
+        self.admin: str | None = None
+        self.pg: Any = None
         self._db_name = f"dtask_chaos_{uuid.uuid4().hex[:10]}"
         self._db_created = False
-        self._redis_server: Any = None
+        self.redis_server: Any = None
         self.redis_url = ""
         self.broker_url = ""  # the Redis, or the campaign's vhost on RabbitMQ
         self.services: Any = None
         self.app: Any = None
         self.redis: Any = None
+        self.actions = F.FaultActions(self)
 
     # ------------------------------------------------------------------------------ output
 
     @property
     def _pg_down(self) -> bool:
-        return not self._pg_up.is_set()
+        return not self.pg_up.is_set()
 
     def say(self, line: str) -> None:
         self.out(f"[chaos +{time.monotonic() - self.t0:7.2f}s] {line}")
 
-    async def _clock(self) -> datetime:
+    async def clock(self) -> datetime:
         async with self.services.engine.connect() as conn:
             now: datetime = (await conn.execute(text("SELECT clock_timestamp()"))).scalar_one()
         return now
 
     async def pg_now(self) -> datetime:
         """PostgreSQL's clock (after any outage the campaign is holding)."""
-        async with self._db_lock:
-            return await self._clock()
+        async with self.db_lock:
+            return await self.clock()
 
     async def fault(
         self, kind: str, target: str, detail: str, *, pg: datetime | None = None
@@ -308,7 +303,7 @@ class Campaign:
             finally:
                 self._stop_monitor.set()
                 await asyncio.gather(monitor, return_exceptions=True)
-            await self._collect_metrics()
+            await self.collect_metrics()
             assert self.procs is not None
             lease_lost = sum(p.log_text().count(LEASE_LOST_LINE) for p in self.procs.all)
             await asyncio.to_thread(self.procs.stop_all)
@@ -343,23 +338,23 @@ class Campaign:
         if admin is None:
             why = "its own" if self.cfg.own_postgres else "no PostgreSQL answers: starting"
             self.say(f"{why} embedded PostgreSQL under {self.workdir / 'postgres'}")
-            self._pg = EmbeddedPostgres(self.workdir / "postgres")
-            admin = await asyncio.to_thread(self._pg.start)
+            self.pg = EmbeddedPostgres(self.workdir / "postgres")
+            admin = await asyncio.to_thread(self.pg.start)
             if self.cfg.own_postgres and admin is not None:
                 await _without_fsync(admin)
         assert admin is not None
-        self._admin = admin
+        self.admin = admin
         db_url = await asyncio.to_thread(create_database, admin, self._db_name)
         self._db_created = True
         await asyncio.to_thread(command.upgrade, alembic_config(db_url), "head")
-        self._redis_server = EmbeddedRedis(self.workdir / "redis")
-        self.redis_url = await asyncio.to_thread(self._redis_server.start)
+        self.redis_server = EmbeddedRedis(self.workdir / "redis")
+        self.redis_url = await asyncio.to_thread(self.redis_server.start)
         self.broker_url = self.redis_url
         if self.cfg.rabbitmq_url is not None:
             # Redis stays for the readiness fact and the metrics; only the transport moves.
-            self._vhost = PrivateVhost(self.cfg.rabbitmq_url, prefix="dtask_chaos")
-            self.broker_url = await asyncio.to_thread(self._vhost.create)
-            self.say(f"broker: RabbitMQ vhost {self._vhost.name} of the campaign's own")
+            self.vhost = PrivateVhost(self.cfg.rabbitmq_url, prefix="dtask_chaos")
+            self.broker_url = await asyncio.to_thread(self.vhost.create)
+            self.say(f"broker: RabbitMQ vhost {self.vhost.name} of the campaign's own")
         self.say(f"database {self._db_name} (migrated), Redis {self.redis_url}, files {self.workdir}")
 
         settings = Settings(
@@ -398,18 +393,18 @@ class Campaign:
             else:
                 self._skew = (lib, self.cfg.skew_seconds)
         for slot in range(self.cfg.workers):
-            self.slots.append(self._start_worker(slot))
+            self.slots.append(self.start_worker(slot))
         self.beat = self.procs.start_beat()
         started = time.monotonic()
         timeout = self.cfg.startup_timeout
-        await asyncio.gather(*(self._await_ready(p, timeout, fatal=True) for p in self.slots))
-        await self._await_readiness_fact(self.cfg.startup_timeout)
+        await asyncio.gather(*(self.await_ready(p, timeout, fatal=True) for p in self.slots))
+        await self.await_readiness_fact(self.cfg.startup_timeout)
         self.say(f"cluster ready in {time.monotonic() - started:.1f} s: "
                  + ", ".join(f"{p.node} pid {p.pid}{' (skewed)' if p.skewed else ''}"
                              f"{' (dense)' if p.dense else ''}" for p in self.slots)
                  + f", beat pid {self.beat.pid}")
 
-    def _start_worker(self, slot: int) -> F.Managed:
+    def start_worker(self, slot: int) -> F.Managed:
         assert self.procs is not None
         skew = self._skew if slot == 0 else None
         concurrency = self.cfg.concurrency or self.cfg.capacity + 2
@@ -418,15 +413,15 @@ class Campaign:
         pool = "threads" if self.cfg.workers > 1 and slot == self.cfg.workers - 1 else "prefork"
         return self.procs.start_worker(slot, concurrency=concurrency, skew=skew, pool=pool)
 
-    async def _ping(self, proc: F.Managed) -> bool:
+    async def ping(self, proc: F.Managed) -> bool:
         try:
-            replies = await asyncio.to_thread(self.app.control.ping, destination=[proc.node], timeout=1.0)
+            assert proc.node is not None
+            return await asyncio.to_thread(answers_ping, self.app, proc.node, 1.0)
         except Exception:  # the broker is down or reconnecting
             await asyncio.sleep(0.5)
             return False
-        return any(proc.node in reply for reply in replies or [])
 
-    async def _await_ready(self, proc: F.Managed, within: float, *, fatal: bool = False) -> None:
+    async def await_ready(self, proc: F.Managed, within: float, *, fatal: bool = False) -> None:
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
             if not proc.alive():
@@ -435,7 +430,7 @@ class Campaign:
                     raise CampaignError(f"{proc.name} exited with {proc.popen.returncode}:\n"
                                         + self.procs.tail(proc))
                 return
-            if not proc.paused and await self._ping(proc):
+            if not proc.paused and await self.ping(proc):
                 proc.ready = True
                 return
             await asyncio.sleep(0.3)
@@ -446,7 +441,7 @@ class Campaign:
         self.notes.append(message)
         self.say(message)
 
-    async def _await_readiness_fact(self, within: float) -> bool:
+    async def await_readiness_fact(self, within: float) -> bool:
         """Beat scheduled a reconcile, the broker carried it, a worker ran it: recovery works."""
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
@@ -478,7 +473,7 @@ class Campaign:
             # stored: the retry carries the same key and gets the stored answer, never a copy.
             key = Idempotency(f"chaos-{self.cfg.seed}-{self._db_name}-{i}", f"batch-{i}-{len(batch)}")
             try:
-                async with self._db_lock:
+                async with self.db_lock:
                     results = await submitter.submit_many(intents, owner="chaos", idempotency=key)
             except Exception as exc:  # the campaign's own connection is never a fault target
                 self.say(f"submit failed ({exc!r}); retrying the batch")
@@ -507,7 +502,7 @@ class Campaign:
         for event in schedule:
             await asyncio.sleep(max(0.0, start + event.at - time.monotonic()))
             try:
-                await self._fire(event)
+                await self.actions.fire(event)
             except Exception as exc:
                 self.notes.append(f"fault {event.kind} at +{event.at:g}s raised {exc!r}")
                 await self.fault(event.kind, "-", f"ERROR {exc!r}")
@@ -518,354 +513,8 @@ class Campaign:
             pending, self._background = self._background, []
             await asyncio.gather(*pending)
 
-    def _spawn_bg(self, coro: Coroutine[Any, Any, None]) -> None:
+    def spawn_bg(self, coro: Coroutine[Any, Any, None]) -> None:
         self._background.append(asyncio.create_task(coro))
-
-    async def _owner_nodes(self) -> dict[str, int]:
-        """Worker node -> number of running tasks it owns with a live lease."""
-        async with self.services.engine.connect() as conn:
-            rows = (
-                await conn.execute(
-                    text(
-                        """SELECT a.worker FROM tasks t JOIN task_attempts a ON a.token = t.attempt_token
-                        WHERE t.status = 'running' AND t.lease_expires_at > clock_timestamp()"""
-                    )
-                )
-            ).scalars().all()
-        owned: dict[str, int] = {}
-        for worker in rows:
-            node = str(worker).rsplit(":", 1)[0]
-            owned[node] = owned.get(node, 0) + 1
-        return owned
-
-    async def _pick_worker(self, pick: float) -> tuple[F.Managed, int] | None:
-        """A healthy worker, preferably one that owns running tasks; never the last healthy one."""
-        healthy = [p for p in self.slots if p.alive() and p.ready and not p.paused]
-        if len(healthy) < 2:
-            return None
-        owned = await self._owner_nodes()
-        candidates = [p for p in healthy if owned.get(p.node or "", 0)] or healthy
-        victim = candidates[min(len(candidates) - 1, int(pick * len(candidates)))]
-        return victim, owned.get(victim.node or "", 0)
-
-    async def _fire(self, ev: F.FaultEvent) -> None:
-        if ev.kind in (F.KILL, F.PAUSE):
-            chosen = await self._pick_worker(ev.pick)
-            if chosen is None:
-                await self.fault(ev.kind, "-", "skipped: fewer than two healthy workers")
-                return
-            victim, owned = chosen
-            slot = self.slots.index(victim)
-            if ev.kind == F.KILL:
-                await asyncio.to_thread(victim.kill)
-                at = await self.fault(ev.kind, victim.name, f"SIGKILL group {victim.pid} owning {owned} "
-                                      f"running tasks; restart in {ev.duration:.1f} s")
-                self._spawn_bg(self._restart(slot, ev.duration))
-            else:
-                victim.paused = True
-                victim.signal_group(signal.SIGSTOP)
-                self._owner_pauses.add(victim.name)
-                detail = (f"SIGSTOP group {victim.pid} owning {owned} running tasks for {ev.duration:.1f} s "
-                          f"(lease {self.cfg.lease_seconds:g} s)")
-                at = await self.fault(ev.kind, victim.name, detail)
-                self._spawn_bg(self._resume(victim, ev.duration))
-            self._worker_hit(at, victim)
-        elif ev.kind == F.PAUSE_CLAIMER:
-            await self._pause_claimer(ev)
-        elif ev.kind == F.DUPLICATE:
-            await self._duplicate(ev)
-        elif ev.kind in (F.REDIS, F.RABBITMQ):
-            if self.broker_down:
-                await self.fault(ev.kind, "broker", "skipped: the broker is still down or recovering")
-                return
-            self.broker_down = True
-            outage = self._redis_restart if ev.kind == F.REDIS else self._rabbitmq_outage
-            self._spawn_bg(outage(ev.duration))
-        elif ev.kind == F.PG_TERMINATE:
-            await self._pg_terminate(ev)
-        elif ev.kind == F.CANCEL:
-            await self._cancel(ev)
-        elif ev.kind in F.PG_KINDS:
-            await self._postgres_fault(ev)
-
-    def _worker_hit(self, at: datetime | None, victim: F.Managed) -> None:
-        """Remember which worker a kill or pause hit, when: its tasks owe no restart its survival."""
-        if at is not None and victim.node:
-            self.worker_faults.append((at, victim.node))
-
-    async def _pause_claimer(self, ev: F.FaultEvent) -> None:
-        """SIGSTOP a worker caught inside a transaction that holds row locks (a claim on the locked
-        path, an owning transaction, a terminal write with its hook), with the locks still held.
-
-        Claims take capacity slots without a cluster-wide lock, so a stalled holder must cost the
-        others nothing but that one task: PostgreSQL ends its session after a lease idle in the
-        transaction. The campaign polls pg_stat_activity for a worker backend holding a transaction
-        id, stops its group, and checks that the transaction is still open; if not it resumes the
-        worker at once and tries again."""
-        sql = text(
-            """SELECT application_name FROM pg_stat_activity
-            WHERE datname = current_database() AND application_name LIKE 'dtask-worker:%'
-              AND backend_xid IS NOT NULL AND pid <> pg_backend_pid()"""
-        )
-        deadline = time.monotonic() + 10.0
-        tries = 0
-        while time.monotonic() < deadline:
-            async with self.services.engine.connect() as conn:
-                holders = (await conn.execute(sql)).scalars().all()
-                healthy = [p for p in self.slots if p.alive() and p.ready and not p.paused]
-                victim = next((p for name in holders for p in healthy
-                               if p.owns_pid(int(str(name).rsplit(":", 1)[1]))), None)
-                if victim is None or len(healthy) < 2:
-                    await asyncio.sleep(0.005)
-                    continue
-                tries += 1
-                victim.paused = True
-                victim.signal_group(signal.SIGSTOP)
-                still = (await conn.execute(sql)).scalars().all()
-                caught = [n for n in still if victim.owns_pid(int(str(n).rsplit(":", 1)[1]))]
-                if not caught:
-                    victim.signal_group(signal.SIGCONT)
-                    victim.paused = False
-                    continue
-            at = await self.fault(ev.kind, victim.name, f"SIGSTOP group {victim.pid} inside a transaction "
-                                  f"holding row locks ({caught[0]}), for {ev.duration:.1f} s; try {tries}")
-            self._worker_hit(at, victim)
-            self._spawn_bg(self._resume(victim, ev.duration))
-            return
-        await self.fault(ev.kind, "-", f"skipped: no worker caught in a write transaction ({tries} tries)")
-
-    async def _postgres_fault(self, ev: F.FaultEvent) -> None:
-        """Pause or restart the campaign's own PostgreSQL, in the foreground of the fault loop (no
-        other fault fires until recovery works again). The campaign's own users of the database
-        wait on the lock while it is down."""
-        if self._pg is None:
-            await self.fault(ev.kind, "postgres", "skipped: the campaign does not own its PostgreSQL")
-            return
-        await self._until_workers_settled()
-        self._pg_up.clear()  # before taking the lock: no new stamp queues up behind the outage
-        try:
-            async with self._db_lock:
-                down_at, running = await self._running_leases()
-                if ev.kind == F.PG_PAUSE:
-                    up_at = await self._pause_postgres(ev, down_at, len(running))
-                else:
-                    up_at = await self._restart_postgres(ev, down_at, running)
-                with contextlib.suppress(Exception):  # only a reconcile from now on counts
-                    await self.redis.delete(READINESS_KEY)
-        finally:
-            self._pg_up.set()
-        kind = "pause" if ev.kind == F.PG_PAUSE else "restart"
-        outage = PostgresOutage(kind, down_at, up_at, tuple(running))
-        if up_at is not None:
-            outage = dataclasses.replace(outage, recovered_at=await self._await_recovery(up_at))
-        self.postgres_outages.append(outage)
-
-    async def _await_recovery(self, up_at: datetime) -> datetime | None:
-        """When recovery works again after the database answered: a reconcile has run (the readiness
-        fact, deleted when the database answered, is back). Until then workers may still be stuck in
-        calls to the stopped server; as with Redis, I3's deadlines start from here."""
-        if not await self._await_readiness_fact(self.cfg.startup_timeout):
-            self.notes.append("no reconcile ran within the start-up timeout after a PostgreSQL outage")
-            await self.fault("pg_recovered", "postgres", "NOT recovered: no reconcile ran")
-            return None
-        recovered = await self.pg_now()
-        after = (recovered - up_at).total_seconds()
-        detail = f"a reconcile ran {after:.2f} s after the database answered"
-        await self.fault("pg_recovered", "postgres", detail, pg=recovered)
-        return recovered
-
-    async def _until_workers_settled(self) -> None:
-        """The schedule keeps worker pauses and kills clear of database outages, but the fault loop
-        may run late: wait (at most the start-up timeout) until no owner is paused (it would wake up
-        with dead connections and give up without trying the late write fencing must refuse), no
-        killed worker awaits its restart and none is still starting (its schema check would fail
-        against a stopped database and it would exit). A paused claimer may go on sleeping."""
-
-        def unsettled(p: F.Managed) -> bool:
-            return (not p.alive() and p.killed) or (p.alive() and not p.ready) or p.name in self._owner_pauses
-
-        for _ in range(int(self.cfg.startup_timeout / 0.1)):
-            if not any(unsettled(p) for p in self.slots):
-                return
-            await asyncio.sleep(0.1)
-
-    async def _running_leases(self) -> tuple[datetime, list[RunningLease]]:
-        """PostgreSQL's clock and the running tasks with a live lease, just before a fault."""
-        async with self.services.engine.connect() as conn:
-            rows = (
-                await conn.execute(
-                    text(
-                        """SELECT clock_timestamp() AS now, id, attempt_token, lease_expires_at FROM tasks
-                        WHERE status = 'running' AND lease_expires_at > clock_timestamp()"""
-                    )
-                )
-            ).all()
-        now = rows[0].now if rows else await self._clock()
-        return now, [RunningLease(r.id, r.attempt_token, r.lease_expires_at) for r in rows]
-
-    async def _pause_postgres(self, ev: F.FaultEvent, down_at: datetime, running: int) -> datetime | None:
-        pid = await asyncio.to_thread(outage.pause_postgres, self._pg)
-        await self.fault(ev.kind, "postgres", f"SIGSTOP postmaster {pid} and every backend for "
-                         f"{ev.duration:.1f} s (lease {self.cfg.lease_seconds:g} s); {running} tasks running",
-                         pg=down_at)
-        await asyncio.sleep(ev.duration)
-        await asyncio.to_thread(outage.resume, pid)
-        up_at = await self._await_postgres()
-        if up_at is not None:
-            await self.fault("pg_resume", "postgres", f"SIGCONT; answering again "
-                             f"{(up_at - down_at).total_seconds():.2f} s after the pause", pg=up_at)
-        return up_at
-
-    async def _restart_postgres(
-        self, ev: F.FaultEvent, down_at: datetime, running: list[RunningLease]
-    ) -> datetime | None:
-        left = sorted((r.lease_expires_at - down_at).total_seconds() for r in running)
-        leases = f" (leases {left[0]:.1f}-{left[-1]:.1f} s left)" if left else ""
-        await self.fault(ev.kind, "postgres", f"immediate shutdown (SIGQUIT), back in {ev.duration:.1f} s "
-                         f"on the same port; {len(running)} tasks running{leases}", pg=down_at)
-        await self.services.engine.dispose()  # the campaign's pooled connections die with the server
-        admin = self._admin
-        took = await asyncio.to_thread(outage.restart_postgres, self._pg, ev.duration)
-        if self._pg.url != admin:
-            self.notes.append(f"PostgreSQL came back on another address ({self._pg.url}, was {admin})")
-        up_at = await self._await_postgres()
-        if up_at is not None:
-            await self.fault("pg_back", "postgres", f"answering again: down {took:.2f} s by this host's "
-                             f"clock, {(up_at - down_at).total_seconds():.2f} s by PostgreSQL's", pg=up_at)
-        return up_at
-
-    async def _await_postgres(self) -> datetime | None:
-        """PostgreSQL's clock at its first answer after an outage (None: not within the start-up timeout)."""
-        deadline = time.monotonic() + self.cfg.startup_timeout
-        while time.monotonic() < deadline:
-            try:
-                return await self._clock()
-            except Exception:  # refused, starting up, or a pooled connection that died with it
-                await asyncio.sleep(0.05)
-        self.notes.append("PostgreSQL did not answer again within the start-up timeout")
-        await self.fault("pg_back", "postgres", "NOT answering within the start-up timeout")
-        return None
-
-    async def _restart(self, slot: int, delay: float) -> None:
-        await asyncio.sleep(delay)
-        # A worker refuses to start without its database (the schema gate fails closed), as an
-        # operator's supervisor would find: it restarts the worker once PostgreSQL is back.
-        deferred = time.monotonic()
-        await self._pg_up.wait()
-        deferred = time.monotonic() - deferred
-        proc = self._start_worker(slot)
-        self.slots[slot] = proc
-        waited = f" (after waiting {deferred:.1f} s for PostgreSQL)" if deferred > 0.05 else ""
-        await self.fault("worker_restart", proc.name, f"started pid {proc.pid}{waited}")
-        await self._await_ready(proc, self.cfg.startup_timeout)
-        if proc.ready:
-            self.say(f"{proc.name} ready {time.monotonic() - proc.started:.1f} s after its start")
-
-    async def _resume(self, victim: F.Managed, duration: float) -> None:
-        await asyncio.sleep(duration)
-        victim.signal_group(signal.SIGCONT)
-        victim.paused = False
-        self._owner_pauses.discard(victim.name)
-        await self.fault("worker_resume", victim.name, f"SIGCONT group {victim.pid}: wakes up past its lease")
-
-    async def _redis_restart(self, downtime: float) -> None:
-        await self._collect_metrics()  # the hash dies with Redis' data
-        outage: list[datetime | None] = [await self.pg_now(), None]
-        self.outages.append(outage)
-        await asyncio.to_thread(self._redis_server.stop)
-        await self.fault(F.REDIS, "redis", f"stopped (data lost); restarting in {downtime:.1f} s")
-        await asyncio.sleep(downtime)
-        await asyncio.to_thread(self._redis_server.start)
-        await self.fault("redis_start", "redis", f"started empty on the same port ({self.redis_url})")
-        await self._await_transport("redis", "the Redis restart", outage)
-
-    async def _rabbitmq_outage(self, downtime: float) -> None:
-        """The campaign's vhost refuses its user and loses every connection, then is granted again:
-        publishes fail, workers and beat retry their connections, and all must carry on after it.
-        (Quorum queues keep their messages: unlike Redis restarted empty, nothing is lost.)"""
-        assert self._vhost is not None
-        outage: list[datetime | None] = [await self.pg_now(), None]
-        self.outages.append(outage)
-        await asyncio.to_thread(self._vhost.revoke)
-        await self.fault(F.RABBITMQ, "rabbitmq", f"vhost {self._vhost.name}: permissions cleared, its "
-                         f"connections closed; granting again in {downtime:.1f} s")
-        await asyncio.sleep(downtime)
-        await asyncio.to_thread(self._vhost.grant)
-        # The readiness fact outlived the outage in Redis: only a reconcile from now on counts.
-        with contextlib.suppress(Exception):
-            await self.redis.delete(READINESS_KEY)
-        await self.fault("rabbitmq_restore", "rabbitmq", f"vhost {self._vhost.name}: permissions set again")
-        await self._await_transport("rabbitmq", "permissions were set again", outage)
-
-    async def _await_transport(self, broker: str, since: str, outage: list[datetime | None]) -> None:
-        """Recovered = a worker answers over the broker and a reconcile beat scheduled has run."""
-        began = time.monotonic()
-        fact = await self._await_readiness_fact(self.cfg.startup_timeout)
-        answered = False
-        while fact and not answered and time.monotonic() - began < self.cfg.startup_timeout:
-            live = [p for p in self.slots if p.alive() and not p.paused]
-            answered = any([await self._ping(p) for p in live])
-        outage[1] = await self.pg_now()
-        self.broker_down = False
-        if fact and answered:
-            await self.fault(f"{broker}_recovered", broker,
-                             f"transport working again {time.monotonic() - began:.1f} s after {since}")
-        else:
-            self.notes.append(f"the transport did not recover after {since}")
-            await self.fault(f"{broker}_recovered", broker, "NOT recovered within the start-up timeout")
-
-    async def _duplicate(self, ev: F.FaultEvent) -> None:
-        if not self.submitted:
-            await self.fault(ev.kind, "-", "skipped: nothing submitted yet")
-            return
-        rng = random.Random(f"{self.cfg.seed}:{ev.at}:dup")
-        ids = rng.sample(self.submitted, min(len(self.submitted), 5 + int(ev.amount * 15)))
-        copies = 2 if ev.amount > 0.5 else 1
-        async with self.services.engine.connect() as conn:
-            rows = (
-                await conn.execute(text("SELECT status FROM tasks WHERE id = ANY(:ids)"), {"ids": ids})
-            ).scalars().all()
-        by_status = {s: rows.count(s) for s in sorted(set(rows))}
-        try:
-            await asyncio.to_thread(self.services.transport.publish_sync, [str(i) for i in ids] * copies)
-            outcome = "published"
-        except Exception as exc:
-            outcome = f"publish failed ({type(exc).__name__})"
-        await self.fault(ev.kind, f"{len(ids)} ids x{copies}", f"{outcome}; ids were {by_status}")
-
-    async def _pg_terminate(self, ev: F.FaultEvent) -> None:
-        async with self.services.engine.connect() as conn:
-            pids = sorted((
-                await conn.execute(
-                    text(
-                        """SELECT pid FROM pg_stat_activity WHERE datname = current_database()
-                        AND application_name LIKE 'dtask-worker:%'"""
-                    )
-                )
-            ).scalars().all())
-            rng = random.Random(f"{self.cfg.seed}:{ev.at}:pg")
-            chosen = rng.sample(pids, max(1, round(len(pids) * (0.3 + 0.7 * ev.amount)))) if pids else []
-            ended = 0
-            for pid in chosen:
-                done = await conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
-                ended += bool(done.scalar())
-            await conn.commit()
-        await self.fault(ev.kind, "postgres", f"terminated {ended} of {len(pids)} worker backends")
-
-    async def _cancel(self, ev: F.FaultEvent) -> None:
-        async with self.services.engine.connect() as conn:
-            ids = (
-                await conn.execute(
-                    text("SELECT id FROM tasks WHERE status IN ('pending', 'running') ORDER BY created_at")
-                )
-            ).scalars().all()
-        if not ids:
-            await self.fault(ev.kind, "-", "skipped: no active task")
-            return
-        rng = random.Random(f"{self.cfg.seed}:{ev.at}:cancel")
-        chosen = rng.sample(list(ids), min(len(ids), 1 + int(ev.amount * 3)))
-        outcomes = [await self.services.repo.request_cancel(i, self.services.registry) for i in chosen]
-        await self.fault(ev.kind, f"{len(chosen)} tasks", ", ".join(str(o) for o in outcomes))
 
     # ------------------------------------------------------------------------------ watching
 
@@ -876,7 +525,7 @@ class Campaign:
                 proc.killed = True
                 self.notes.append(f"{proc.name} exited on its own with {proc.popen.returncode}")
                 await self.fault("unexpected_exit", proc.name, f"exit {proc.popen.returncode}; restarting")
-                self._spawn_bg(self._restart(slot, 0.0))
+                self.spawn_bg(self.actions.restart(slot, 0.0))
         if self.beat is not None and not self.beat.alive() and not self.beat.killed:
             self.beat.killed = True
             self.notes.append(f"beat exited on its own with {self.beat.popen.returncode}")
@@ -895,7 +544,7 @@ class Campaign:
                 await asyncio.sleep(MONITOR_INTERVAL)
                 continue
             try:
-                async with self._db_lock, self.services.engine.connect() as conn:
+                async with self.db_lock, self.services.engine.connect() as conn:
                     facts = (
                         await conn.execute(
                             text(
@@ -939,7 +588,7 @@ class Campaign:
         if stall_from is not None and stall_last is not None:
             self.stalls.append((stall_from, stall_last))
 
-    async def _collect_metrics(self) -> None:
+    async def collect_metrics(self) -> None:
         try:
             self.metric_parts.append(await metrics.read(self.redis))
         except Exception as exc:
@@ -951,7 +600,7 @@ class Campaign:
         cfg = self.cfg
         for proc in self.slots:
             if not proc.ready:
-                await self._await_ready(proc, cfg.startup_timeout)
+                await self.await_ready(proc, cfg.startup_timeout)
         async with self.services.engine.connect() as conn:
             left = (
                 await conn.execute(
@@ -1035,27 +684,27 @@ class Campaign:
         if self.services is not None:
             with contextlib.suppress(Exception):
                 await self.services.close()
-        if self._redis_server is not None:
-            await asyncio.to_thread(self._redis_server.stop)
-        if self._vhost is not None:
+        if self.redis_server is not None:
+            await asyncio.to_thread(self.redis_server.stop)
+        if self.vhost is not None:
             try:
-                await asyncio.to_thread(self._vhost.delete)
+                await asyncio.to_thread(self.vhost.delete)
             except Exception as exc:
-                self.say(f"could not delete RabbitMQ vhost {self._vhost.name}: {exc!r}")
-        if self._db_created and self._admin is not None and not self.cfg.own_postgres:
+                self.say(f"could not delete RabbitMQ vhost {self.vhost.name}: {exc!r}")
+        if self._db_created and self.admin is not None and not self.cfg.own_postgres:
             if self.cfg.keep:
                 self.say(f"kept database {self._db_name}")
             else:
                 try:
-                    await asyncio.to_thread(drop_database, self._admin, self._db_name)
+                    await asyncio.to_thread(drop_database, self.admin, self._db_name)
                 except Exception as exc:
                     self.say(f"could not drop {self._db_name}: {exc!r}")
-        if self._pg is not None:
+        if self.pg is not None:
             if keep_files:  # the whole server is the campaign's: its cluster stays for a look
-                self.say(f"kept database {self._db_name} in the campaign's PostgreSQL ({self._pg.pgdata})")
-                await asyncio.to_thread(self._pg.stop)
+                self.say(f"kept database {self._db_name} in the campaign's PostgreSQL ({self.pg.pgdata})")
+                await asyncio.to_thread(self.pg.stop)
             else:
-                await asyncio.to_thread(self._pg.destroy)
+                await asyncio.to_thread(self.pg.destroy)
         if keep_files and self.procs is not None:
             self.say(f"logs kept in {self.workdir}")
         elif self.cfg.workdir is None:
@@ -1081,14 +730,7 @@ async def _without_fsync(admin_url: str) -> None:
 def _celery_app(broker_url: str) -> Any:
     """A Celery app with the project's settings on the campaign's broker (publishing, pings),
     declaring the queues as the workers do (quorum on RabbitMQ)."""
-    from celery import Celery
-
-    app = Celery("dtask-chaos", set_as_current=False)
-    app.config_from_object("celeryconfig")
-    # By name, as Celery loads it: celeryconfig sits beside the packages, outside mypy's scope.
-    settings = importlib.import_module("celeryconfig").broker_settings(broker_url)
-    app.conf.update(settings, beat_schedule={})
-    return app
+    return celery_on(broker_url, "dtask-chaos")
 
 
 async def run_campaign(cfg: CampaignConfig, out: Callable[[str], None] = print) -> CampaignResult:

@@ -1,4 +1,4 @@
-"""The seeded fault schedule, and the real processes the faults are done to.
+"""The seeded fault schedule, the real processes the faults are done to, and the fault actions.
 
 ``build_schedule(seed, ...)`` is a pure function of its arguments: the same seed gives the same
 fault kinds, instants, durations and choices, and the same task mix (``build_workload``). Which
@@ -7,26 +7,35 @@ schedule's pre-drawn ``pick``, so a replay hits the same rank among the candidat
 
 Processes are started exactly as an operator would (``celery -A tasks_core.celery_app worker`` and
 ``... beat``), each in its own session and process group, so SIGKILL/SIGSTOP/SIGCONT reach a
-worker's main process and all its pool children at once.
+worker's main process and all its pool children at once. ``FaultActions`` does what each event
+of the schedule says (kill, pause, outage, duplicate, terminate, cancel) and waits for its end.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import glob
 import os
 import random
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import tasks_core
-from tasks_core.devkit.processes import GroupProcess, kill_group, spawn
+from sqlalchemy import text
 
-ROOT = Path(tasks_core.__file__).resolve().parent.parent
+from tasks_core.devkit import outage
+from tasks_core.devkit.chaos.checker import PostgresOutage, RunningLease
+from tasks_core.devkit.cluster import ROOT as ROOT
+from tasks_core.devkit.cluster import Cluster, ClusterProcess, process_env
+from tasks_core.duties.readiness import READINESS_KEY
+
+if TYPE_CHECKING:
+    from tasks_core.devkit.chaos.campaign import Campaign
 
 KILL = "kill_worker"
 PAUSE = "pause_worker"
@@ -223,11 +232,10 @@ def faketime_library() -> str | None:
 
 
 @dataclass
-class Managed(GroupProcess):
+class Managed(ClusterProcess):
     """One real process: a worker (its main process and pool children share a process group) or beat."""
 
     started: float = 0.0
-    node: str | None = None
     skewed: bool = False
     dense: bool = False  # the dense mode (--pool threads): every task on one event loop
     paused: bool = False
@@ -248,25 +256,13 @@ class Processes:
         self.logs = workdir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.base_env = env
-        self.all: list[Managed] = []
+        self.cluster = Cluster(workdir, Managed, logs=self.logs)
+        self.all = self.cluster.procs
         self._generation: dict[int, int] = {}
 
     def env(self, **extra: str) -> dict[str, str]:
         # Nothing from the caller's DTASK_* settings leaks in: the campaign decides every one.
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DTASK_", "FAKETIME", "LD_PRELOAD"))}
-        env.update(self.base_env)
-        env.update(extra)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        env["PYTHONUNBUFFERED"] = "1"
-        return env
-
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str], **kw: Any) -> Managed:
-        log = self.logs / f"{name}.log"
-        # Own process group (one kill reaches the pool children); no developer .env is read from cwd.
-        popen = spawn(argv, env=env, log=log, cwd=self.workdir)
-        proc = Managed(name, popen, log, time.monotonic(), **kw)
-        self.all.append(proc)
-        return proc
+        return process_env({**self.base_env, **extra}, strip=("DTASK_", "FAKETIME", "LD_PRELOAD"))
 
     def start_worker(
         self, slot: int, *, concurrency: int, skew: tuple[str, float] | None = None, pool: str = "prefork"
@@ -274,11 +270,6 @@ class Processes:
         gen = self._generation[slot] = self._generation.get(slot, 0) + 1
         name = f"w{slot}.{gen}"
         node = f"chaos-{name}@{os.uname().nodename}"
-        argv = [
-            sys.executable, "-m", "celery", "-A", "tasks_core.celery_app", "worker",
-            "-Q", "durable,duties", "-c", str(concurrency), "-P", pool, "-l", "INFO", "-n", node,
-            "--without-mingle", "--without-gossip",
-        ]
         extra: dict[str, str] = {}
         if skew is not None:
             lib, seconds = skew
@@ -286,22 +277,378 @@ class Processes:
             # alone, libfaketime's sleep wrappers fail with EINVAL); rates stay true, so timers and the
             # heartbeat cadence are unchanged while every timestamp the worker could make is off.
             extra = {"LD_PRELOAD": lib, "FAKETIME": f"{int(seconds):+d}"}
-        return self._spawn(
-            name, argv, self.env(**extra), node=node, skewed=skew is not None, dense=pool == "threads"
+        return self.cluster.start_worker(
+            name, self.env(**extra), node=node, concurrency=concurrency, pool=pool, started=time.monotonic(),
+            skewed=skew is not None, dense=pool == "threads",
         )
 
     def start_beat(self) -> Managed:
-        argv = [sys.executable, "-m", "celery", "-A", "tasks_core.celery_app", "beat",
-                "-s", str(self.workdir / "beat-schedule"), "-l", "INFO"]
-        return self._spawn("beat", argv, self.env())
+        return self.cluster.start_beat("beat", self.env(), started=time.monotonic())
 
     def stop_all(self) -> None:
         """SIGCONT (a stopped group cannot die cleanly otherwise) and SIGKILL every group we started."""
-        for proc in self.all:
-            proc.signal_group(signal.SIGCONT)
-            proc.signal_group(signal.SIGKILL)
-        for proc in self.all:
-            kill_group(proc.popen)
+        self.cluster.stop_all()
 
     def tail(self, proc: Managed, lines: int = 40) -> str:
         return proc.log_tail(lines)
+
+
+class FaultActions:
+    """What each fault of the schedule does to the campaign's cluster, and how its end is awaited.
+
+    The campaign keeps the orchestration (the schedule's clock, start-up, the monitor, convergence,
+    the verdict); it hands each event to ``fire`` and lends these actions its processes, services,
+    clocks and fault log."""
+
+    def __init__(self, campaign: Campaign) -> None:
+        self.c = campaign
+        self.owner_pauses: set[str] = set()  # workers a pause_worker fault holds stopped
+        self.broker_down = False
+
+    async def _owner_nodes(self) -> dict[str, int]:
+        """Worker node -> number of running tasks it owns with a live lease."""
+        async with self.c.services.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    text(
+                        """SELECT a.worker FROM tasks t JOIN task_attempts a ON a.token = t.attempt_token
+                        WHERE t.status = 'running' AND t.lease_expires_at > clock_timestamp()"""
+                    )
+                )
+            ).scalars().all()
+        owned: dict[str, int] = {}
+        for worker in rows:
+            node = str(worker).rsplit(":", 1)[0]
+            owned[node] = owned.get(node, 0) + 1
+        return owned
+
+    async def _pick_worker(self, pick: float) -> tuple[Managed, int] | None:
+        """A healthy worker, preferably one that owns running tasks; never the last healthy one."""
+        healthy = [p for p in self.c.slots if p.alive() and p.ready and not p.paused]
+        if len(healthy) < 2:
+            return None
+        owned = await self._owner_nodes()
+        candidates = [p for p in healthy if owned.get(p.node or "", 0)] or healthy
+        victim = candidates[min(len(candidates) - 1, int(pick * len(candidates)))]
+        return victim, owned.get(victim.node or "", 0)
+
+    async def fire(self, ev: FaultEvent) -> None:
+        if ev.kind in (KILL, PAUSE):
+            chosen = await self._pick_worker(ev.pick)
+            if chosen is None:
+                await self.c.fault(ev.kind, "-", "skipped: fewer than two healthy workers")
+                return
+            victim, owned = chosen
+            slot = self.c.slots.index(victim)
+            if ev.kind == KILL:
+                await asyncio.to_thread(victim.kill)
+                at = await self.c.fault(ev.kind, victim.name, f"SIGKILL group {victim.pid} owning {owned} "
+                                        f"running tasks; restart in {ev.duration:.1f} s")
+                self.c.spawn_bg(self.restart(slot, ev.duration))
+            else:
+                victim.paused = True
+                victim.signal_group(signal.SIGSTOP)
+                self.owner_pauses.add(victim.name)
+                detail = (f"SIGSTOP group {victim.pid} owning {owned} running tasks for {ev.duration:.1f} s "
+                          f"(lease {self.c.cfg.lease_seconds:g} s)")
+                at = await self.c.fault(ev.kind, victim.name, detail)
+                self.c.spawn_bg(self._resume(victim, ev.duration))
+            self._worker_hit(at, victim)
+        elif ev.kind == PAUSE_CLAIMER:
+            await self._pause_claimer(ev)
+        elif ev.kind == DUPLICATE:
+            await self._duplicate(ev)
+        elif ev.kind in (REDIS, RABBITMQ):
+            if self.broker_down:
+                await self.c.fault(ev.kind, "broker", "skipped: the broker is still down or recovering")
+                return
+            self.broker_down = True
+            outage = self._redis_restart if ev.kind == REDIS else self._rabbitmq_outage
+            self.c.spawn_bg(outage(ev.duration))
+        elif ev.kind == PG_TERMINATE:
+            await self._pg_terminate(ev)
+        elif ev.kind == CANCEL:
+            await self._cancel(ev)
+        elif ev.kind in PG_KINDS:
+            await self._postgres_fault(ev)
+
+    def _worker_hit(self, at: datetime | None, victim: Managed) -> None:
+        """Remember which worker a kill or pause hit, when: its tasks owe no restart its survival."""
+        if at is not None and victim.node:
+            self.c.worker_faults.append((at, victim.node))
+
+    async def _pause_claimer(self, ev: FaultEvent) -> None:
+        """SIGSTOP a worker caught inside a transaction that holds row locks (a claim on the locked
+        path, an owning transaction, a terminal write with its hook), with the locks still held.
+
+        Claims take capacity slots without a cluster-wide lock, so a stalled holder must cost the
+        others nothing but that one task: PostgreSQL ends its session after a lease idle in the
+        transaction. The campaign polls pg_stat_activity for a worker backend holding a transaction
+        id, stops its group, and checks that the transaction is still open; if not it resumes the
+        worker at once and tries again."""
+        sql = text(
+            """SELECT application_name FROM pg_stat_activity
+            WHERE datname = current_database() AND application_name LIKE 'dtask-worker:%'
+              AND backend_xid IS NOT NULL AND pid <> pg_backend_pid()"""
+        )
+        deadline = time.monotonic() + 10.0
+        tries = 0
+        while time.monotonic() < deadline:
+            async with self.c.services.engine.connect() as conn:
+                holders = (await conn.execute(sql)).scalars().all()
+                healthy = [p for p in self.c.slots if p.alive() and p.ready and not p.paused]
+                victim = next((p for name in holders for p in healthy
+                               if p.owns_pid(int(str(name).rsplit(":", 1)[1]))), None)
+                if victim is None or len(healthy) < 2:
+                    await asyncio.sleep(0.005)
+                    continue
+                tries += 1
+                victim.paused = True
+                victim.signal_group(signal.SIGSTOP)
+                still = (await conn.execute(sql)).scalars().all()
+                caught = [n for n in still if victim.owns_pid(int(str(n).rsplit(":", 1)[1]))]
+                if not caught:
+                    victim.signal_group(signal.SIGCONT)
+                    victim.paused = False
+                    continue
+            at = await self.c.fault(ev.kind, victim.name, f"SIGSTOP group {victim.pid} inside a transaction "
+                                    f"holding row locks ({caught[0]}), for {ev.duration:.1f} s; try {tries}")
+            self._worker_hit(at, victim)
+            self.c.spawn_bg(self._resume(victim, ev.duration))
+            return
+        await self.c.fault(ev.kind, "-", f"skipped: no worker caught in a write transaction ({tries} tries)")
+
+    async def _postgres_fault(self, ev: FaultEvent) -> None:
+        """Pause or restart the campaign's own PostgreSQL, in the foreground of the fault loop (no
+        other fault fires until recovery works again). The campaign's own users of the database
+        wait on the lock while it is down."""
+        if self.c.pg is None:
+            await self.c.fault(ev.kind, "postgres", "skipped: the campaign does not own its PostgreSQL")
+            return
+        await self._until_workers_settled()
+        self.c.pg_up.clear()  # before taking the lock: no new stamp queues up behind the outage
+        try:
+            async with self.c.db_lock:
+                down_at, running = await self._running_leases()
+                if ev.kind == PG_PAUSE:
+                    up_at = await self._pause_postgres(ev, down_at, len(running))
+                else:
+                    up_at = await self._restart_postgres(ev, down_at, running)
+                with contextlib.suppress(Exception):  # only a reconcile from now on counts
+                    await self.c.redis.delete(READINESS_KEY)
+        finally:
+            self.c.pg_up.set()
+        kind = "pause" if ev.kind == PG_PAUSE else "restart"
+        outage = PostgresOutage(kind, down_at, up_at, tuple(running))
+        if up_at is not None:
+            outage = dataclasses.replace(outage, recovered_at=await self._await_recovery(up_at))
+        self.c.postgres_outages.append(outage)
+
+    async def _await_recovery(self, up_at: datetime) -> datetime | None:
+        """When recovery works again after the database answered: a reconcile has run (the readiness
+        fact, deleted when the database answered, is back). Until then workers may still be stuck in
+        calls to the stopped server; as with Redis, I3's deadlines start from here."""
+        if not await self.c.await_readiness_fact(self.c.cfg.startup_timeout):
+            self.c.notes.append("no reconcile ran within the start-up timeout after a PostgreSQL outage")
+            await self.c.fault("pg_recovered", "postgres", "NOT recovered: no reconcile ran")
+            return None
+        recovered = await self.c.pg_now()
+        after = (recovered - up_at).total_seconds()
+        detail = f"a reconcile ran {after:.2f} s after the database answered"
+        await self.c.fault("pg_recovered", "postgres", detail, pg=recovered)
+        return recovered
+
+    async def _until_workers_settled(self) -> None:
+        """The schedule keeps worker pauses and kills clear of database outages, but the fault loop
+        may run late: wait (at most the start-up timeout) until no owner is paused (it would wake up
+        with dead connections and give up without trying the late write fencing must refuse), no
+        killed worker awaits its restart and none is still starting (its schema check would fail
+        against a stopped database and it would exit). A paused claimer may go on sleeping."""
+
+        def unsettled(p: Managed) -> bool:
+            return (not p.alive() and p.killed) or (p.alive() and not p.ready) or p.name in self.owner_pauses
+
+        for _ in range(int(self.c.cfg.startup_timeout / 0.1)):
+            if not any(unsettled(p) for p in self.c.slots):
+                return
+            await asyncio.sleep(0.1)
+
+    async def _running_leases(self) -> tuple[datetime, list[RunningLease]]:
+        """PostgreSQL's clock and the running tasks with a live lease, just before a fault."""
+        async with self.c.services.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    text(
+                        """SELECT clock_timestamp() AS now, id, attempt_token, lease_expires_at FROM tasks
+                        WHERE status = 'running' AND lease_expires_at > clock_timestamp()"""
+                    )
+                )
+            ).all()
+        now = rows[0].now if rows else await self.c.clock()
+        return now, [RunningLease(r.id, r.attempt_token, r.lease_expires_at) for r in rows]
+
+    async def _pause_postgres(self, ev: FaultEvent, down_at: datetime, running: int) -> datetime | None:
+        pid = await asyncio.to_thread(outage.pause_postgres, self.c.pg)
+        lease = self.c.cfg.lease_seconds
+        await self.c.fault(ev.kind, "postgres", f"SIGSTOP postmaster {pid} and every backend for "
+                           f"{ev.duration:.1f} s (lease {lease:g} s); {running} tasks running", pg=down_at)
+        await asyncio.sleep(ev.duration)
+        await asyncio.to_thread(outage.resume, pid)
+        up_at = await self._await_postgres()
+        if up_at is not None:
+            await self.c.fault("pg_resume", "postgres", f"SIGCONT; answering again "
+                               f"{(up_at - down_at).total_seconds():.2f} s after the pause", pg=up_at)
+        return up_at
+
+    async def _restart_postgres(
+        self, ev: FaultEvent, down_at: datetime, running: list[RunningLease]
+    ) -> datetime | None:
+        left = sorted((r.lease_expires_at - down_at).total_seconds() for r in running)
+        leases = f" (leases {left[0]:.1f}-{left[-1]:.1f} s left)" if left else ""
+        await self.c.fault(ev.kind, "postgres", f"immediate shutdown (SIGQUIT), back in {ev.duration:.1f} s "
+                           f"on the same port; {len(running)} tasks running{leases}", pg=down_at)
+        await self.c.services.engine.dispose()  # the campaign's pooled connections die with the server
+        admin = self.c.admin
+        took = await asyncio.to_thread(outage.restart_postgres, self.c.pg, ev.duration)
+        if self.c.pg.url != admin:
+            self.c.notes.append(f"PostgreSQL came back on another address ({self.c.pg.url}, was {admin})")
+        up_at = await self._await_postgres()
+        if up_at is not None:
+            await self.c.fault("pg_back", "postgres", f"answering again: down {took:.2f} s by this host's "
+                               f"clock, {(up_at - down_at).total_seconds():.2f} s by PostgreSQL's", pg=up_at)
+        return up_at
+
+    async def _await_postgres(self) -> datetime | None:
+        """PostgreSQL's clock at its first answer after an outage (None: not within the start-up timeout)."""
+        deadline = time.monotonic() + self.c.cfg.startup_timeout
+        while time.monotonic() < deadline:
+            try:
+                return await self.c.clock()
+            except Exception:  # refused, starting up, or a pooled connection that died with it
+                await asyncio.sleep(0.05)
+        self.c.notes.append("PostgreSQL did not answer again within the start-up timeout")
+        await self.c.fault("pg_back", "postgres", "NOT answering within the start-up timeout")
+        return None
+
+    async def restart(self, slot: int, delay: float) -> None:
+        await asyncio.sleep(delay)
+        # A worker refuses to start without its database (the schema gate fails closed), as an
+        # operator's supervisor would find: it restarts the worker once PostgreSQL is back.
+        deferred = time.monotonic()
+        await self.c.pg_up.wait()
+        deferred = time.monotonic() - deferred
+        proc = self.c.start_worker(slot)
+        self.c.slots[slot] = proc
+        waited = f" (after waiting {deferred:.1f} s for PostgreSQL)" if deferred > 0.05 else ""
+        await self.c.fault("worker_restart", proc.name, f"started pid {proc.pid}{waited}")
+        await self.c.await_ready(proc, self.c.cfg.startup_timeout)
+        if proc.ready:
+            self.c.say(f"{proc.name} ready {time.monotonic() - proc.started:.1f} s after its start")
+
+    async def _resume(self, victim: Managed, duration: float) -> None:
+        await asyncio.sleep(duration)
+        victim.signal_group(signal.SIGCONT)
+        victim.paused = False
+        self.owner_pauses.discard(victim.name)
+        detail = f"SIGCONT group {victim.pid}: wakes up past its lease"
+        await self.c.fault("worker_resume", victim.name, detail)
+
+    async def _redis_restart(self, downtime: float) -> None:
+        await self.c.collect_metrics()  # the hash dies with Redis' data
+        outage: list[datetime | None] = [await self.c.pg_now(), None]
+        self.c.outages.append(outage)
+        await asyncio.to_thread(self.c.redis_server.stop)
+        await self.c.fault(REDIS, "redis", f"stopped (data lost); restarting in {downtime:.1f} s")
+        await asyncio.sleep(downtime)
+        await asyncio.to_thread(self.c.redis_server.start)
+        await self.c.fault("redis_start", "redis", f"started empty on the same port ({self.c.redis_url})")
+        await self._await_transport("redis", "the Redis restart", outage)
+
+    async def _rabbitmq_outage(self, downtime: float) -> None:
+        """The campaign's vhost refuses its user and loses every connection, then is granted again:
+        publishes fail, workers and beat retry their connections, and all must carry on after it.
+        (Quorum queues keep their messages: unlike Redis restarted empty, nothing is lost.)"""
+        assert self.c.vhost is not None
+        outage: list[datetime | None] = [await self.c.pg_now(), None]
+        self.c.outages.append(outage)
+        await asyncio.to_thread(self.c.vhost.revoke)
+        await self.c.fault(RABBITMQ, "rabbitmq", f"vhost {self.c.vhost.name}: permissions cleared, its "
+                           f"connections closed; granting again in {downtime:.1f} s")
+        await asyncio.sleep(downtime)
+        await asyncio.to_thread(self.c.vhost.grant)
+        # The readiness fact outlived the outage in Redis: only a reconcile from now on counts.
+        with contextlib.suppress(Exception):
+            await self.c.redis.delete(READINESS_KEY)
+        detail = f"vhost {self.c.vhost.name}: permissions set again"
+        await self.c.fault("rabbitmq_restore", "rabbitmq", detail)
+        await self._await_transport("rabbitmq", "permissions were set again", outage)
+
+    async def _await_transport(self, broker: str, since: str, outage: list[datetime | None]) -> None:
+        """Recovered = a worker answers over the broker and a reconcile beat scheduled has run."""
+        began = time.monotonic()
+        fact = await self.c.await_readiness_fact(self.c.cfg.startup_timeout)
+        answered = False
+        while fact and not answered and time.monotonic() - began < self.c.cfg.startup_timeout:
+            live = [p for p in self.c.slots if p.alive() and not p.paused]
+            answered = any([await self.c.ping(p) for p in live])
+        outage[1] = await self.c.pg_now()
+        self.broker_down = False
+        if fact and answered:
+            await self.c.fault(f"{broker}_recovered", broker,
+                               f"transport working again {time.monotonic() - began:.1f} s after {since}")
+        else:
+            self.c.notes.append(f"the transport did not recover after {since}")
+            await self.c.fault(f"{broker}_recovered", broker, "NOT recovered within the start-up timeout")
+
+    async def _duplicate(self, ev: FaultEvent) -> None:
+        if not self.c.submitted:
+            await self.c.fault(ev.kind, "-", "skipped: nothing submitted yet")
+            return
+        rng = random.Random(f"{self.c.cfg.seed}:{ev.at}:dup")
+        ids = rng.sample(self.c.submitted, min(len(self.c.submitted), 5 + int(ev.amount * 15)))
+        copies = 2 if ev.amount > 0.5 else 1
+        async with self.c.services.engine.connect() as conn:
+            rows = (
+                await conn.execute(text("SELECT status FROM tasks WHERE id = ANY(:ids)"), {"ids": ids})
+            ).scalars().all()
+        by_status = {s: rows.count(s) for s in sorted(set(rows))}
+        try:
+            await asyncio.to_thread(self.c.services.transport.publish_sync, [str(i) for i in ids] * copies)
+            outcome = "published"
+        except Exception as exc:
+            outcome = f"publish failed ({type(exc).__name__})"
+        await self.c.fault(ev.kind, f"{len(ids)} ids x{copies}", f"{outcome}; ids were {by_status}")
+
+    async def _pg_terminate(self, ev: FaultEvent) -> None:
+        async with self.c.services.engine.connect() as conn:
+            pids = sorted((
+                await conn.execute(
+                    text(
+                        """SELECT pid FROM pg_stat_activity WHERE datname = current_database()
+                        AND application_name LIKE 'dtask-worker:%'"""
+                    )
+                )
+            ).scalars().all())
+            rng = random.Random(f"{self.c.cfg.seed}:{ev.at}:pg")
+            chosen = rng.sample(pids, max(1, round(len(pids) * (0.3 + 0.7 * ev.amount)))) if pids else []
+            ended = 0
+            for pid in chosen:
+                done = await conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+                ended += bool(done.scalar())
+            await conn.commit()
+        await self.c.fault(ev.kind, "postgres", f"terminated {ended} of {len(pids)} worker backends")
+
+    async def _cancel(self, ev: FaultEvent) -> None:
+        async with self.c.services.engine.connect() as conn:
+            ids = (
+                await conn.execute(
+                    text("SELECT id FROM tasks WHERE status IN ('pending', 'running') ORDER BY created_at")
+                )
+            ).scalars().all()
+        if not ids:
+            await self.c.fault(ev.kind, "-", "skipped: no active task")
+            return
+        rng = random.Random(f"{self.c.cfg.seed}:{ev.at}:cancel")
+        chosen = rng.sample(list(ids), min(len(ids), 1 + int(ev.amount * 3)))
+        outcomes = [await self.c.services.repo.request_cancel(i, self.c.services.registry) for i in chosen]
+        await self.c.fault(ev.kind, f"{len(chosen)} tasks", ", ".join(str(o) for o in outcomes))
