@@ -14,6 +14,7 @@ from tasks_core.registry import Registry, default_registry
 from tasks_core.settings import Settings
 from tasks_core.store.group_commit import GroupCommit
 from tasks_core.store.repository import TaskRepository
+from tasks_core.transport import CeleryTransport
 
 
 class Transport(Protocol):
@@ -60,9 +61,8 @@ def build_services(
     plan_cache_mode: str | None = None,
 ) -> Services:
     """The engine's statements get ``statement_seconds`` each (default: a lease — no statement of
-    ours may outlast one: an owning transaction that long has lost its lease anyway)."""
-    from tasks_core.transport import CeleryTransport  # imports Celery; keep out of light paths
-
+    ours may outlast one: an owning transaction that long has lost its lease anyway). Without
+    ``transport``, ids go through the process's publishing app."""
     deadline = statement_seconds or settings.lease_seconds
     # No session of ours ever needs to idle inside a transaction longer than a lease: an owning
     # transaction that long has lost its lease anyway (its row lock blocks the heartbeat).
