@@ -14,6 +14,8 @@ from tasks_core.registry import Registry, default_registry
 from tasks_core.settings import Settings
 from tasks_core.store.group_commit import GroupCommit
 from tasks_core.store.repository import TaskRepository
+from tasks_core.transport import CeleryTransport
+from tasks_core.worker.lease import LeasePolicy
 
 
 class Transport(Protocol):
@@ -33,6 +35,10 @@ class Services:
     _redis: aioredis.Redis | None = None
     # Concurrent single submissions of this process share a transaction (Submitter.submit).
     submit_group: GroupCommit[Any, Any] | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def lease(self) -> LeasePolicy:
+        return LeasePolicy.of(self.settings)
 
     @property
     def redis(self) -> aioredis.Redis:
@@ -59,17 +65,14 @@ def build_services(
     pool_wait_seconds: float | None = None,
     plan_cache_mode: str | None = None,
 ) -> Services:
-    """The engine's statements get ``statement_seconds`` each (default: a lease — no statement of
-    ours may outlast one: an owning transaction that long has lost its lease anyway)."""
-    from tasks_core.transport import CeleryTransport  # imports Celery; keep out of light paths
-
-    deadline = statement_seconds or settings.lease_seconds
-    # No session of ours ever needs to idle inside a transaction longer than a lease: an owning
-    # transaction that long has lost its lease anyway (its row lock blocks the heartbeat).
+    """The engine's statements get ``statement_seconds`` each (default: the lease policy's bound).
+    Without ``transport``, ids go through the process's publishing app."""
+    lease = LeasePolicy.of(settings)
+    deadline = statement_seconds or lease.statement_seconds
     engine = make_engine(
         settings.require_database(),
         pool_size=pool_size,
-        idle_in_transaction_seconds=settings.lease_seconds,
+        idle_in_transaction_seconds=lease.idle_in_transaction_seconds,
         statement_seconds=deadline,
         connect_seconds=min(5.0, deadline),
         max_overflow=max_overflow,

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # Celery is imported by whoever builds a transport, not by every importer of names
-    from celery import Celery
+from celery import Celery
+
+from tasks_core.celery_config import DURABLE_QUEUE, DUTIES_QUEUE, default_app
+
+__all__ = ["DURABLE_QUEUE", "DUTIES_QUEUE", "RUN_TASK", "CeleryTransport"]
 
 RUN_TASK = "dtask.run"
-DURABLE_QUEUE = "durable"
-DUTIES_QUEUE = "duties"
 
 # A publish that cannot reach the broker fails fast: the pending row is already committed and
 # the publisher re-sends it, so waiting here would only stall the submitter.
@@ -25,11 +25,9 @@ _PUBLISHERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="dtask-publis
 
 class CeleryTransport:
     def __init__(self, app: Celery | None = None, *, timeout: float | None = None) -> None:
-        if app is None:
-            from tasks_core.celery_app import app as default_app
-
-            app = default_app
-        self.app = app
+        """Publish through ``app``: the worker's own (``tasks_core.celery_app`` hands it down), or,
+        by default, the process's publishing app."""
+        self.app = app if app is not None else default_app()
         self.timeout = timeout
 
     async def publish(self, task_ids: list[str], queue: str = DURABLE_QUEUE) -> None:

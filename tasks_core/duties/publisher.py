@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tasks_core.duties.relay import publish_due
+from tasks_core.duties.relay import publish_due, take_relay_due
 from tasks_core.services import Services
 
 
@@ -20,14 +20,6 @@ class PublishReport:
 async def publish_pending(services: Services) -> PublishReport:
     s = services.settings
     failed = await services.repo.fail_unrunnable_pending(services.registry, batch=s.publish_batch)
-    due = await services.repo.take_due(
-        services.registry,
-        capacity=s.capacity,
-        ahead=s.ahead,
-        window=s.publish_seconds,
-        limit=s.publish_batch,
-        republish_after=s.publish_seconds,
-        owner_max_running=s.owner_running_limit,
-    )
+    due = await take_relay_due(services, republish_after=s.publish_seconds)
     sent = await publish_due(services, due, by="publisher")
     return PublishReport(published=len(sent.ids), failed_closed=failed)

@@ -25,8 +25,7 @@ async def reconcile(services: Services) -> ReconcileReport:
         services.registry,
         batch=s.reconcile_batch,
         retry_delay=retry_delay(services),
-        # A worker transaction open past a lease and a heartbeat's slack belongs to a stopped process.
-        stalled_after=s.lease_seconds + s.heartbeat_seconds,
+        stalled_after=services.lease.stalled_after_seconds,
     )
     for kind in ("failed", "retried", "cancelled", "legacy", "unrunnable", "hook_errors"):
         if getattr(report, kind):

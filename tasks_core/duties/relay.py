@@ -31,9 +31,10 @@ async def relay(services: Services, *, by: str = "relay") -> Relayed:
 
 
 async def take_relay_due(
-    services: Services, conn: AsyncConnection | None = None
+    services: Services, conn: AsyncConnection | None = None, *, republish_after: float | None = None
 ) -> list[tuple[uuid.UUID, str]]:
-    """Stamp what capacity can take now; in ``conn``'s transaction if given (publish after commit)."""
+    """Stamp what capacity can take now; in ``conn``'s transaction if given (publish after commit).
+    With ``republish_after`` (the publisher) also the tasks sent longer ago than that."""
     o = relay_options(services)
     return await services.repo.take_due(
         o.registry,
@@ -41,14 +42,15 @@ async def take_relay_due(
         ahead=o.ahead,
         window=o.window,
         limit=o.limit,
-        republish_after=None,
+        republish_after=republish_after,
         owner_max_running=o.owner_max_running,
         conn=conn,
     )
 
 
 def relay_options(services: Services) -> RelayOptions:
-    """The relay's budget from the settings: for a relay of its own and for a terminal write's."""
+    """The relay's budget from the settings, the one every hand-out uses: a relay of its own, a
+    terminal write's, a submission's and the publisher's."""
     s = services.settings
     return RelayOptions(
         services.registry, capacity=s.capacity, ahead=s.ahead, window=s.publish_seconds,

@@ -1,4 +1,5 @@
-"""The attempt's own view of its lease, and retrying database calls while it may still be valid.
+"""The lease policy (every figure derived from the lease), the attempt's own view of its lease, and
+retrying database calls while it may still be valid.
 
 Only PostgreSQL decides whether the lease is alive (every write is fenced there). The worker keeps
 a local deadline — the monotonic time the last successful renewal *answered*, plus the lease — only
@@ -15,9 +16,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from tasks_core.db import is_transient
+from tasks_core.settings import Settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -28,6 +31,53 @@ MAX_BACKOFF = 1.0
 
 class DatabaseUnavailable(Exception):
     """The database could not be reached (or kept failing transiently) until the deadline."""
+
+
+@dataclass(frozen=True)
+class LeasePolicy:
+    """Every figure that follows from the lease (DTASK_LEASE_SECONDS) and its renewal interval."""
+
+    lease_seconds: float
+    # The heartbeat renews every lease/3 (Settings.heartbeat_seconds): two renewals may fail
+    # before the lease lapses.
+    heartbeat_seconds: float
+
+    @classmethod
+    def of(cls, settings: Settings) -> LeasePolicy:
+        return cls(settings.lease_seconds, settings.heartbeat_seconds)
+
+    @property
+    def renewal_timeout_seconds(self) -> float:
+        """A renewal that has not answered within one interval is retried (the next is due)."""
+        return self.heartbeat_seconds
+
+    @property
+    def claim_lock_wait_seconds(self) -> float:
+        """How long a claim waits for the capacity lock: well inside a heartbeat, so a claim stuck
+        behind a lock never costs a running task its renewal."""
+        return min(2.0, self.heartbeat_seconds)
+
+    @property
+    def stalled_after_seconds(self) -> float:
+        """A worker transaction open past a lease and a heartbeat's slack belongs to a stopped
+        process (the reconciler ends its session)."""
+        return self.lease_seconds + self.heartbeat_seconds
+
+    @property
+    def statement_seconds(self) -> float:
+        """No statement of ours may outlast a lease: an owning transaction that long has lost its
+        lease anyway."""
+        return self.lease_seconds
+
+    @property
+    def idle_in_transaction_seconds(self) -> float:
+        """No session of ours ever needs to idle inside a transaction longer than a lease: an owning
+        transaction that long has lost its lease anyway (its row lock blocks the heartbeat)."""
+        return self.lease_seconds
+
+    def clock(self, renewed_at: float | None = None) -> LeaseClock:
+        """An attempt's local deadline, from the claim's (or last renewal's) answer."""
+        return LeaseClock(self.lease_seconds, renewed_at=renewed_at)
 
 
 class LeaseClock:

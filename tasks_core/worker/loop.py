@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from tasks_core import metrics
-from tasks_core.services import Services, build_services
+from tasks_core.services import Services, Transport, build_services
 from tasks_core.settings import Settings
 from tasks_core.worker.runtime import HANDLER_TASK_PREFIX, ShutdownSignal
 
@@ -35,7 +35,15 @@ T = TypeVar("T")
 
 
 class WorkerLoop:
-    def __init__(self, settings: Settings, *, worker_name: str | None, dense: bool, concurrency: int) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        worker_name: str | None,
+        dense: bool,
+        concurrency: int,
+        transport: Transport | None = None,
+    ) -> None:
         self.pid = os.getpid()
         self.dense = dense
         self.loop = asyncio.new_event_loop()
@@ -46,7 +54,7 @@ class WorkerLoop:
         # a worker must never exhaust the server's max_connections; tasks wait for a connection.
         size, overflow = (min(concurrency, 10), 10) if dense else (2, 2)
         self.services: Services = build_services(
-            settings, pool_size=size, max_overflow=overflow, extra=extra,
+            settings, transport, pool_size=size, max_overflow=overflow, extra=extra,
             plan_cache_mode=settings.worker_plan_cache_mode,
         )
         # An unresponsive handler was left running in this loop (it ignored its cancellation).

@@ -25,7 +25,7 @@ from tasks_core.retry import RetryableError, backoff
 from tasks_core.services import Services
 from tasks_core.store.repository import Claim, HookFailed, OwnershipLost
 from tasks_core.worker.context import TaskCancelled, TaskContext
-from tasks_core.worker.lease import DatabaseUnavailable, LeaseClock, retry_transient
+from tasks_core.worker.lease import DatabaseUnavailable, retry_transient
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,7 @@ async def _run_one(
         await services.repo.message_dropped(task_id)
         return RunOutcome(False, "worker_shutting_down"), None
     s = services.settings
+    lease = services.lease
     first = time.monotonic()
 
     async def take() -> Claim | str:
@@ -120,9 +121,9 @@ async def _run_one(
             task_id,
             services.registry,
             capacity=s.capacity,
-            lease_seconds=s.lease_seconds,
+            lease_seconds=lease.lease_seconds,
             worker=services.worker_name,
-            lock_wait_seconds=min(2.0, s.heartbeat_seconds),
+            lock_wait_seconds=lease.claim_lock_wait_seconds,
             owner_max_running=s.owner_running_limit,
         )
 
@@ -216,7 +217,8 @@ class Execution:
         self.shutdown = shutdown
         self.task_id: uuid.UUID = claim.task["id"]
         self.token = claim.token
-        self.lease = LeaseClock(services.settings.lease_seconds, renewed_at=claim_answered_at)
+        self.policy = services.lease
+        self.lease = self.policy.clock(renewed_at=claim_answered_at)
         self.ctx = TaskContext(
             services.repo,
             dict(claim.task),
@@ -255,10 +257,9 @@ class Execution:
     async def run(self) -> str:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
-        settings = self.services.settings
         # The heartbeat task starts at the first beat, and the shutdown grace on the signal: most
         # attempts end before either (a task each per attempt cost 3-5 % of a no-op's CPU).
-        beat_timer = loop.call_later(settings.heartbeat_seconds, self._start_heartbeat)
+        beat_timer = loop.call_later(self.policy.heartbeat_seconds, self._start_heartbeat)
         unwatch = self.shutdown.on_set(self._start_grace)
         self._handler_task = asyncio.create_task(
             self._load_and_run(), name=f"{HANDLER_TASK_PREFIX}{self.spec.task_type}:{self.task_id}"
@@ -320,16 +321,16 @@ class Execution:
         Each renewal has a deadline below the interval; a failed one is retried at once with short
         backoff, and the attempt is given up only when the lease can no longer be valid.
         """
-        s = self.services.settings
-        interval = s.heartbeat_seconds
+        policy = self.policy
+        interval = policy.heartbeat_seconds
         delay = 0.0
         backoff = 0.1
         while True:
             if delay:
                 await asyncio.sleep(delay)
             try:
-                async with asyncio.timeout(interval):
-                    beat = await self.repo.heartbeat(self.task_id, self.token, s.lease_seconds)
+                async with asyncio.timeout(policy.renewal_timeout_seconds):
+                    beat = await self.repo.heartbeat(self.task_id, self.token, policy.lease_seconds)
             except Exception as exc:
                 if self.lease.remaining() <= 0:
                     log.warning("task %s: no renewal reached the database within the lease", self.task_id)
