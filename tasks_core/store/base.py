@@ -38,6 +38,20 @@ class StoreBase:
         return await execute.fetch(self.engine, statement, params)
 
 
+def terminal_params(
+    status: Status, *, outcome: str, detail: str | None, result: Any, error: dict[str, str] | None
+) -> dict[str, Any]:
+    """The parameters of the terminal transition (statements.TERMINAL_SET and end_attempt)."""
+    return {
+        "status": status.value,
+        "outcome": outcome,
+        "detail": detail,
+        "result": None if result is None else json.dumps(result),
+        "error": None if error is None else json.dumps(error),
+        "cancelled": CANCELLED_ERROR,
+    }
+
+
 def runnable_arrays(registry: RunnableSource) -> dict[str, list[Any]]:
     specs = registry.specs()  # type: ignore[attr-defined]
     return {"types": [s.task_type for s in specs], "versions": [s.version for s in specs]}

@@ -3,7 +3,6 @@ its relay) and the hand-back to pending. Each is fenced by the attempt's token a
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from tasks_core.db import is_transient
 from tasks_core.model import Status
 from tasks_core.store import statements as sql
-from tasks_core.store.base import CANCELLED_ERROR, finished, runnable_arrays
+from tasks_core.store.base import finished, runnable_arrays, terminal_params
 from tasks_core.store.execute import Row, run
 from tasks_core.store.outcomes import Finished, Heartbeat, HookFailed, HookSource, OwnershipLost, RelayOptions
 from tasks_core.store.transitions import Transitions
@@ -102,12 +101,7 @@ class OwnerWrites(Transitions):
         params = self._p(
             id=task_id,
             tok=token,
-            status=status.value,
-            outcome=outcome,
-            detail=detail,
-            result=None if result is None else json.dumps(result),
-            error=None if error is None else json.dumps(error),
-            cancelled=CANCELLED_ERROR,
+            **terminal_params(status, outcome=outcome, detail=detail, result=result, error=error),
             **self._due_params(relay),
         )
         success_hook = failure_hook = None

@@ -228,13 +228,13 @@ FINISH_SQL = Statement(
 
 # ---------------------------------------------------------------- transitions by others
 
-# The terminal transition of a task whose row the caller holds locked, by someone other than its
-# owner (the reconciler, a cancel): the same transition as FINISH_SQL, unfenced. A dead owner's
-# attempt ended when its lease (:lease) lapsed, not when we noticed.
-CONVERGE_SQL = Statement(
-    f"""WITH done AS (
+def _out_of_running(task_set: str) -> str:
+    """Task :id, whose row the caller holds locked, leaves running by ``task_set``; its attempt
+    :tok ends and its slot is freed. A dead owner's attempt ended when its lease (:lease) lapsed,
+    not when we noticed."""
+    return f"""WITH done AS (
         UPDATE tasks SET
-            {TERMINAL_SET}
+            {task_set}
         WHERE id = :id
         RETURNING tasks.*),
     ended AS (
@@ -242,20 +242,13 @@ CONVERGE_SQL = Statement(
     freed AS (
         {free_slot("done")})
     SELECT count(*) FROM done"""
-)
-# Back to pending, for a task whose row the caller holds locked (its owner handing it back, or the
-# reconciler retrying an expired lease).
-TO_PENDING_SQL = Statement(
-    f"""WITH done AS (
-        UPDATE tasks SET {PENDING_SET}
-        WHERE id = :id
-        RETURNING tasks.*),
-    ended AS (
-        {end_attempt("done", f"least({NOW}, :lease)")}),
-    freed AS (
-        {free_slot("done")})
-    SELECT count(*) FROM done"""
-)
+
+
+# The terminal transition by someone other than the owner (the reconciler, a cancel): the same
+# transition as FINISH_SQL, unfenced.
+CONVERGE_SQL = Statement(_out_of_running(TERMINAL_SET))
+# Back to pending (its owner handing it back, or the reconciler retrying an expired lease).
+TO_PENDING_SQL = Statement(_out_of_running(PENDING_SET))
 SET_ERROR_SQL = Statement("UPDATE tasks SET error = CAST(:error AS jsonb) WHERE id = :id")
 
 # ---------------------------------------------------------------- submit and publish

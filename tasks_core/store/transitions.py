@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tasks_core.model import Status
 from tasks_core.store import statements as sql
-from tasks_core.store.base import CANCELLED_ERROR, StoreBase
+from tasks_core.store.base import StoreBase, terminal_params
 from tasks_core.store.execute import Row, run
 from tasks_core.store.outcomes import HookSource
 
@@ -37,12 +37,7 @@ class Transitions(StoreBase):
                 id=row["id"],
                 tok=row["attempt_token"],
                 lease=row["lease_expires_at"],
-                status=status.value,
-                outcome=outcome,
-                detail=detail,
-                result=None if result is None else json.dumps(result),
-                error=None if error is None else json.dumps(error),
-                cancelled=CANCELLED_ERROR,
+                **terminal_params(status, outcome=outcome, detail=detail, result=result, error=error),
             ),
         )
 
