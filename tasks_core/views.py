@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from tasks_core.model import Status
+from tasks_core.store.statements import WAITING_COUNT_CAP
+
+if TYPE_CHECKING:
+    from tasks_core.store.outcomes import WaitingFacts
 
 FIELDS = (
     "id",
@@ -52,3 +58,46 @@ def task_view(row: Mapping[str, Any], waiting_reason: str | None = None) -> dict
         "lease_expires_at": _iso(row["lease_expires_at"]),
         "waiting_reason": waiting_reason,
     }
+
+
+def needs_waiting_facts(row: Mapping[str, Any]) -> bool:
+    """Whether the reason a task waits needs the database's facts (the row alone tells the rest)."""
+    return row["status"] == Status.PENDING and row["cancel_requested_at"] is None and not row["publish_error"]
+
+
+def waiting_reason(
+    row: Mapping[str, Any],
+    facts: WaitingFacts | None,
+    capacity: int,
+    *,
+    owner_max_running: int | None = None,
+) -> str | None:
+    """Why a pending task is not running yet, in words a user can act on; None unless pending.
+    ``facts`` are needed when needs_waiting_facts(row)."""
+    if row["status"] != Status.PENDING:
+        return None
+    if row["cancel_requested_at"] is not None:
+        return "cancel requested"
+    if row["publish_error"]:
+        return f"publish failed: {row['publish_error']}"
+    assert facts is not None, "a pending task's waiting reason needs its waiting facts"
+    ahead = facts.ahead
+    older = (
+        f"more than {WAITING_COUNT_CAP:,} older tasks of yours"
+        if ahead > WAITING_COUNT_CAP
+        else f"{ahead} older task{'s' if ahead != 1 else ''} of yours"
+    )
+    behind = f", behind {older}" if ahead else ""
+    if facts.backoff:
+        return f"retry backoff until {row['not_before'].isoformat()}"
+    if owner_max_running is not None and facts.mine_running >= owner_max_running:
+        return f"your running limit is reached ({facts.mine_running} of {owner_max_running})"
+    if facts.running >= capacity:
+        return f"capacity full ({facts.running} of {capacity} running){behind}"
+    if row["last_published_at"] is None:
+        # Capacity's worth of messages is already on the broker: this one is sent (by the
+        # relay) as soon as a slot frees.
+        return f"waiting for a free slot{behind}"
+    if ahead:
+        return f"behind {older}"
+    return "waiting for a worker"

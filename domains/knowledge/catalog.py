@@ -7,8 +7,6 @@ moves a file on also names the task and attempt that own it, so a late write mat
 
 from __future__ import annotations
 
-import base64
-import binascii
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
@@ -18,6 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from domains.knowledge.model import ATTEMPT_BOUND, ERROR_INDEXING, ERROR_PARSING, IN_PROGRESS, UPLOADED
+from tasks_core import cursor as keyset
 from tasks_core.model import sql_in
 
 Row = dict[str, Any]
@@ -145,19 +144,11 @@ async def get_file(conn: AsyncConnection, file_id: str, *, lock: bool = False) -
 
 
 def encode_cursor(created_at: datetime, file_id: str) -> str:
-    return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{file_id}".encode()).decode().rstrip("=")
+    return keyset.encode_cursor(created_at, file_id)
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        stamp, _, file_id = raw.partition("|")
-        created = datetime.fromisoformat(stamp)
-        if created.tzinfo is None or not file_id:
-            raise ValueError("incomplete cursor")
-        return created, file_id
-    except (ValueError, UnicodeDecodeError, binascii.Error) as exc:
-        raise ValueError("malformed cursor") from exc
+    return keyset.decode_cursor(cursor, str)
 
 
 async def list_files(

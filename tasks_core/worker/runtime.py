@@ -23,7 +23,7 @@ from tasks_core.model import Status
 from tasks_core.registry import TaskSpec
 from tasks_core.retry import RetryableError, backoff
 from tasks_core.services import Services
-from tasks_core.store.repository import Claim, HookFailed, OwnershipLost
+from tasks_core.store.repository import Claim, HookFailed, OwnershipLost, Refused
 from tasks_core.worker.context import TaskCancelled, TaskContext
 from tasks_core.worker.lease import DatabaseUnavailable, retry_transient
 
@@ -116,7 +116,7 @@ async def _run_one(
     lease = services.lease
     first = time.monotonic()
 
-    async def take() -> Claim | str:
+    async def take() -> Claim | Refused:
         return await services.repo.claim(
             task_id,
             services.registry,
@@ -139,7 +139,7 @@ async def _run_one(
         return RunOutcome(False, "database_unavailable"), None
     if isinstance(claim, str):
         log.info("task %s not claimed: %s", task_id, claim)
-        metrics.CLAIM_REFUSED.labels(reason=claim.split(":")[0]).inc()
+        metrics.CLAIM_REFUSED.labels(reason=claim.reason).inc()
         if claim in ("capacity_full", "capacity_busy"):
             # The refusal marked the task for re-sending, but a slot may have freed (and its relay
             # run) before that commit was visible: relay once more, so no wake-up is lost.

@@ -6,6 +6,7 @@ tests/protocol/test_model_check.py.)"""
 from __future__ import annotations
 
 import inspect
+import sys
 import textwrap
 
 import pytest
@@ -14,47 +15,47 @@ from hypothesis.stateful import run_state_machine_as_test
 from protocol_machine import EXAMPLES, MISMATCHES, machine
 from sqlalchemy import text
 
-from tasks_core.store import repository
+from tasks_core.store import statements
+from tasks_core.store.execute import Statement
 from tasks_core.store.repository import TaskRepository
 
 
 def mutate_method(monkeypatch: pytest.MonkeyPatch, name: str, old: str, new: str) -> None:
     """Replace ``old`` by ``new`` in the source of TaskRepository.<name> and install the result."""
-    source = textwrap.dedent(inspect.getsource(getattr(TaskRepository, name)))
+    method = getattr(TaskRepository, name)
+    source = textwrap.dedent(inspect.getsource(method))
     assert source.count(old) == 1, f"mutant of {name} no longer applies: {old!r}"
-    namespace = dict(vars(repository))
+    namespace = dict(vars(sys.modules[method.__module__]))  # the globals of the store module defining it
     exec(compile(source.replace(old, new), f"<mutant of {name}>", "exec"), namespace)
     monkeypatch.setattr(TaskRepository, name, namespace[name])
 
 
 def mutate_sql(monkeypatch: pytest.MonkeyPatch, name: str, old: str, new: str) -> None:
-    """Replace ``old`` by ``new`` (first occurrence) in the module's SQL constant ``name``."""
-    original = getattr(repository, name)
+    """Replace ``old`` by ``new`` (first occurrence) in the store's statement ``name``."""
+    original = getattr(statements, name)
+    assert isinstance(original, Statement)
     sql = original.text
     assert old in sql, f"mutant of {name} no longer applies: {old!r}"
-    mutated = text(sql.replace(old, new, 1))
-    if isinstance(original, repository.Statement):  # a hot-path statement sent through the driver
-        mutated = repository.Statement(mutated)
-    monkeypatch.setattr(repository, name, mutated)
+    monkeypatch.setattr(statements, name, Statement(text(sql.replace(old, new, 1))))
 
 
 MUTANTS = {
     "owning transaction commits without re-checking the lease": lambda mp: mutate_method(
         mp, "owning_transaction", 'await self._recheck_lease(conn, task_id, row["lease_expires_at"])', "pass"
     ),
-    "progress report fenced without the attempt token": lambda mp: mutate_method(
+    "progress report fenced without the attempt token": lambda mp: mutate_sql(
         mp,
-        "report",
-        "WHERE id = :id AND {OWNED}",
-        "WHERE id = :id AND status = 'running' AND lease_expires_at > {NOW}",
+        "REPORT_SQL",
+        f"WHERE id = :id AND {statements.OWNED}",
+        f"WHERE id = :id AND status = 'running' AND lease_expires_at > {statements.NOW}",
     ),
     "terminal write fenced without the attempt token": lambda mp: mutate_sql(
         mp, "FINISH_SQL", "attempt_token = :tok AND status = 'running'", "status = 'running'"
     ),
-    "heartbeat renews an expired lease": lambda mp: mutate_method(
+    "heartbeat renews an expired lease": lambda mp: mutate_sql(
         mp,
-        "heartbeat",
-        "WHERE id = :id AND {OWNED}",
+        "HEARTBEAT_SQL",
+        f"WHERE id = :id AND {statements.OWNED}",
         "WHERE id = :id AND attempt_token = :tok AND status = 'running'",
     ),
     "claim ignores the capacity slots": lambda mp: mutate_sql(
