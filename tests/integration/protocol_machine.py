@@ -7,7 +7,7 @@ during the callback), terminal writes, retry-safe hand-backs, cancels and reconc
 database clock (``TaskRepository.now``, which replaces ``clock_timestamp()`` in every
 statement) only moves forward. A worker keeps its token after it lost the task, so it keeps
 trying late writes. After every step the database must equal the model's state exactly, and
-the invariants I1, I2, I4, I5, I6 of DESIGN.md must hold in what PostgreSQL holds (I7: no worker
+the invariants I1, I2, I4, I5, I6 (README, "Invariants") must hold in what PostgreSQL holds (I7: no worker
 clock exists here at all; only the database's decides).
 
 Failures raise ``ModelMismatch`` (an AssertionError), so the mutant tests can tell a caught

@@ -344,7 +344,7 @@ async def test_readyz_names_the_failing_dependency(clean_db: None, silent_port: 
         facts = r.json()["facts"]
         name = broken.split("-")[0]
         assert facts[name]["ok"] is False and facts[name]["detail"]
-        assert elapsed < 2.0  # a protocol bound from the issue, not a performance target
+        assert elapsed < 2.0  # the promised bound for a route with a store down, not a performance target
     finally:
         await bad.close()
 

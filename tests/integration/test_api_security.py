@@ -1,4 +1,4 @@
-"""The hardening review's findings, each against the real app, database and Redis (issue 13).
+"""The hardening review's findings, each against the real app, database and Redis.
 
 Two tenants throughout: alice and bob are ordinary keys, root is an admin key.
 """

@@ -1,4 +1,4 @@
-"""Per-owner limits and the diagnostics policy (issue 13, finding 5), on the real database.
+"""Per-owner limits and the diagnostics policy on the real database.
 
 Running is enforced at claim, under the same lock as the capacity, and the relay/publisher skip an
 owner at its limit; pending is enforced at submit under a per-owner lock.

@@ -75,7 +75,7 @@ HUNT = settings(
 )
 
 
-# The two mutants the issue names run in the default suite (about 15-35 s each here); the rest
+# The two mutants that break fencing outright run in the default suite (about 15-35 s each here); the rest
 # with `-m soak`. Hypothesis starts with short histories, so each is caught around its 80th example.
 IN_DEFAULT_RUN = {
     "owning transaction commits without re-checking the lease",

@@ -1,4 +1,4 @@
-"""Forged broker messages against a real worker through the real Redis (issue 13, finding 6).
+"""Forged broker messages against a real worker through the real Redis.
 
 Anyone who can write to the broker can send any message. None of these may run anything but our
 own tasks, delete history younger than the retention, or cost more than a line of log.

@@ -1,4 +1,4 @@
-"""A database or broker blink delays a task, it does not kill it (issue 14).
+"""A database or broker blink delays a task, it does not kill it.
 
 Each test owns its PostgreSQL and Redis (embedded servers under tmp; never the machine's own), so
 it can crash, restart and pause them, while real `celery worker`/`beat` processes and a real
@@ -208,7 +208,7 @@ ROUTES = [
     ("POST", f"/tasks/{uuid.uuid4()}/cancel", None),
     ("DELETE", f"/tasks/{uuid.uuid4()}", None),
 ]
-BOUND = 2.5  # seconds: the issue's bound for every route with a dependency down
+BOUND = 2.5  # seconds: the promised bound (2 s) plus slack, for every route with a dependency down
 
 
 @pytest.fixture

@@ -225,7 +225,8 @@ async def test_a_message_arriving_during_shutdown_is_left_for_another_worker(svc
 
 async def test_a_handler_that_ends_before_its_first_beat_starts_no_heartbeat_or_watch_task(svc: Any) -> None:
     """The heartbeat task starts at the first beat's time and the shutdown grace on the signal:
-    a short attempt creates its handler task and nothing else that waits (issue 10's CPU)."""
+    a short attempt creates its handler task and nothing else that waits (each would cost CPU
+    on every one of thousands of short attempts)."""
     quick = await submit(svc, "diagnostics.noop")
     slow = await submit(svc, "diagnostics.sleep", {"seconds": 1.2})  # past a beat (lease 1.5 s / 3)
     loop = asyncio.get_running_loop()

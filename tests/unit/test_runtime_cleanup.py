@@ -1,5 +1,5 @@
-"""How an attempt ends when its handler misbehaves or its terminal write fails (issue 13, finding
-12): cleanup keeps the lease, an unresponsive handler is cut loose, each failure says what it was.
+"""How an attempt ends when its handler misbehaves or its terminal write fails:
+cleanup keeps the lease, an unresponsive handler is cut loose, each failure says what it was.
 
 Handlers run in this process's event loop, as in a worker child, against the real database.
 """

@@ -14,7 +14,7 @@ No worker runs: this times submission alone. Variants, in alternating rounds:
   core busy, the load generator, not the api, set the rate (and the ratio). These clients are
   aiohttp's, which spend about 0.1 ms of CPU per request: the api sets the rates.
 - ``httpx-healthz``, ``httpx-single``, ``httpx-batch1000``: the same requests from httpx clients,
-  the instrument the issue's targets were first measured with. httpx spends 1.1-1.6 ms of CPU per
+  the client most users' scripts use. httpx spends 1.1-1.6 ms of CPU per
   request, more than the api, so these clients set healthz's rate: the ratio says how the api
   keeps up with such a client, not what the api itself can do.
 - ``procrastinate-single`` / ``procrastinate-batch1000``: Procrastinate's ``defer_async`` and

@@ -6,7 +6,7 @@ It reads the tasks, the attempts audit trail, ``diagnostics_effects`` (one row p
 live (transport outages, expired leases it watched, stalls). Each invariant becomes a count that
 must be 0. Every time compared here was written by PostgreSQL's ``clock_timestamp()``.
 
-One more count is issue 14's promise rather than an invariant: a PostgreSQL restart shorter than the
+One more count is a promise rather than an invariant: a PostgreSQL restart shorter than the
 remaining lease delays a running task, it does not end it (``check_restart_survival``).
 
 The checks are pure functions of :class:`Snapshot` and :class:`Observations`, so they can be fed
