@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
@@ -17,13 +17,13 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from app import routes_health, routes_tasks, routes_types, ui
-from app.auth import Guard, KeyRing
+from app.auth import BodyRoute, Guard, KeyRing
 from app.cache import TtlCache
 from app.metrics import MetricsCache
-from domains.evaluation import routes as evaluation_routes
-from domains.graph import routes as graph_routes
-from domains.knowledge import routes as knowledge_routes
+from app.routes_health import ContributedFact
 from tasks_core.db import check_schema, is_transient
+from tasks_core.domain import Domain, load_domains
+from tasks_core.registry import import_path
 from tasks_core.services import Services, build_services
 from tasks_core.settings import Settings, get_settings
 
@@ -78,6 +78,24 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=422, content={"detail": errors})
 
 
+def _install_domains(app: FastAPI, settings: Settings, domains: tuple[Domain, ...]) -> list[BodyRoute]:
+    """Each declared domain's routes, their error answers and readiness facts; returns the routes
+    whose bodies may exceed the default limit (uploads). The api knows domains only from this list."""
+    facts: dict[str, ContributedFact] = {}
+    body_routes: list[BodyRoute] = []
+    for domain in domains:
+        if domain.api is not None:
+            part = import_path(domain.api)
+            app.include_router(part if isinstance(part, APIRouter) else part())
+        for error, handler in domain.api_errors.items():
+            app.add_exception_handler(import_path(error), import_path(handler))
+        facts.update({name: import_path(check) for name, check in domain.readiness.items()})
+        if domain.path_limits is not None:
+            body_routes.extend(import_path(domain.path_limits)(settings))
+    app.state.readiness_facts = facts  # read by /readyz beside the core facts
+    return body_routes
+
+
 def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
     settings = settings or (services.settings if services else get_settings())
 
@@ -110,11 +128,9 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.include_router(routes_types.router)
     ui.install(app, settings)  # the dashboard at /ui (signs in by cookie, hence OWN_AUTH_PREFIXES)
     app.include_router(routes_health.router)
-    knowledge_routes.install(app)  # /knowledge routes, 503 for unreachable stores, readiness facts
-    app.include_router(evaluation_routes.router)
-    app.include_router(graph_routes.router)
+    body_routes = _install_domains(app, settings, load_domains())
     # Authenticate before reading any body; a batch may carry up to 1,000 payloads (each also
-    # checked against its own limit). Only the upload route takes larger bodies.
+    # checked against its own limit). Only the routes a domain names (uploads) take larger bodies.
     app.add_middleware(
         Guard,
         keys=app.state.keys,
@@ -122,6 +138,6 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         body_timeout=settings.api_body_timeout_seconds,
         public=PUBLIC_PATHS,
         own_auth=OWN_AUTH_PREFIXES,
-        routes=knowledge_routes.body_routes(settings),
+        routes=body_routes,
     )
     return app

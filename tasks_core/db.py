@@ -15,6 +15,8 @@ from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, Opera
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from tasks_core.domain import load_domains
+
 ROOT = Path(__file__).resolve().parent.parent
 MIGRATIONS_DIR = ROOT / "migrations"
 
@@ -156,9 +158,9 @@ def _drop_closed(dbapi_connection: Any, record: Any, proxy: Any) -> None:
 def alembic_config(url: str | None = None) -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    # The runtime's versions, then each domain's own (domains/<name>/migrations): a domain brings
-    # its tables with it. Paths only: the core never imports a domain.
-    locations = [MIGRATIONS_DIR / "versions", *sorted(ROOT.glob("domains/*/migrations"))]
+    # The runtime's versions, then each declared domain's own (domains/<name>/migrations): a domain
+    # brings its tables with it. Only its declaration is imported, none of its code.
+    locations = [MIGRATIONS_DIR / "versions", *(d.migrations for d in load_domains() if d.migrations)]
     cfg.set_main_option("path_separator", "os")
     cfg.set_main_option("version_locations", os.pathsep.join(str(p) for p in locations))
     if url:

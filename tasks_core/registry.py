@@ -2,7 +2,8 @@
 
 Handlers and hooks are named by ``"module:attribute"`` strings and imported only when a task of
 that type runs or converges, so the API and beat never import domain code they do not need.
-``tasks_core`` never imports a domain by name: the spec modules below are strings too.
+``tasks_core`` never imports a domain by name: the spec modules come from each domain's declaration
+(``tasks_core.domain``), itself named by a string.
 """
 
 from __future__ import annotations
@@ -16,22 +17,19 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from tasks_core.domain import load_domains
 from tasks_core.model import LEGACY_VERSION
 from tasks_core.retry import RetryableError
 
 if TYPE_CHECKING:
     from tasks_core.worker.context import TaskContext
 
-# Each module defines SPECS: a sequence of TaskSpec. Later domains append theirs here.
-DOMAIN_SPEC_MODULES: tuple[str, ...] = (
-    "domains.diagnostics.tasks",
-    "domains.knowledge.tasks",
-    "domains.evaluation.tasks",
-    "domains.graph.tasks",
-)
+# Derived from the domains' declarations (tasks_core.domain.DOMAINS), never listed here: each
+# module defines SPECS, a sequence of TaskSpec (and DUTIES if the domain has periodic upkeep).
+DOMAIN_SPEC_MODULES: tuple[str, ...] = tuple(m for d in load_domains() for m in d.tasks)
 
 # Command groups of domains, mounted under `dtask` by name ("kb" -> `dtask kb ...`), imported by path.
-DOMAIN_CLIS: tuple[tuple[str, str], ...] = (("kb", "domains.knowledge.cli:cli"),)
+DOMAIN_CLIS: tuple[tuple[str, str], ...] = tuple(d.cli for d in load_domains() if d.cli is not None)
 
 HookKind = Literal["success", "failure"]
 Handler = Callable[["TaskContext"], Awaitable[Any]]

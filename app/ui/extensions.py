@@ -2,7 +2,8 @@
 
 A domain module defines one ``UiExtension``: a router whose paths all start with ``/ui/``, the
 navigation entries that lead to it, and optionally a directory of templates; its
-``"module:attribute"`` goes into ``EXTENSION_MODULES`` below. ``domains/knowledge/routes_ui.py`` is the
+``"module:attribute"`` is the ``ui`` of the domain's ``Domain`` (``domains/<name>/domain.py``), from
+which ``EXTENSION_MODULES`` below is derived. ``domains/knowledge/routes_ui.py`` is the
 worked example. Pages take ``Signed`` (the dashboard's sign-in) and answer with ``render``; templates
 extend ``"base.html"``; forms that change anything take ``Checked`` instead of ``Signed`` (it
 verifies the CSRF token the layout puts in ``viewer.csrf``); a task links to ``/ui/tasks/<id>``.
@@ -17,14 +18,11 @@ from pathlib import Path
 from fastapi import APIRouter
 from starlette.routing import BaseRoute
 
+from tasks_core.domain import load_domains
 from tasks_core.registry import import_path
 
 # "module:attribute" of each domain's UiExtension, imported when the api starts.
-EXTENSION_MODULES: tuple[str, ...] = (
-    "domains.knowledge.routes_ui:UI",
-    "domains.evaluation.routes_ui:UI",
-    "domains.graph.routes_ui:UI",
-)
+EXTENSION_MODULES: tuple[str, ...] = tuple(d.ui for d in load_domains() if d.ui is not None)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
@@ -35,6 +34,7 @@ from app.ui import (
     status_page,
 )
 from domains.evaluation import store
+from domains.evaluation.domain import DOMAIN
 from domains.evaluation.model import CANCELLED, DATASET_STATUSES, FAILED, RUN_STATUSES
 from domains.evaluation.routes import resume
 from domains.knowledge import catalog
@@ -296,5 +296,5 @@ async def run_live(request: Request, run_id: str, viewer: Signed) -> Response:
 UI = UiExtension(
     router,
     nav=(NavEntry("Evaluation", PREFIX),),
-    templates=Path(__file__).resolve().parent / "templates",
+    templates=DOMAIN.templates,
 )

@@ -9,7 +9,6 @@ admin key all); another owner's base does not exist (404).
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -17,6 +16,7 @@ from starlette.responses import Response
 
 from app.ui import NavEntry, Signed, UiError, UiExtension, Viewer, render, services
 from domains.graph import store
+from domains.graph.domain import DOMAIN
 from domains.graph.model import BUILT
 from domains.knowledge import catalog
 from tasks_core.services import Services
@@ -77,5 +77,5 @@ async def live(request: Request, base_id: str, viewer: Signed, top: int = DEFAUL
 UI = UiExtension(
     router,
     nav=(NavEntry("Graph", PREFIX),),
-    templates=Path(__file__).resolve().parent / "templates",
+    templates=DOMAIN.templates,
 )

@@ -16,7 +16,6 @@ from typing import Annotated, Any, BinaryIO
 from fastapi import (
     APIRouter,
     Depends,
-    FastAPI,
     File,
     HTTPException,
     Path,
@@ -31,7 +30,7 @@ from fastapi.routing import APIRoute
 from app.auth import BodyRoute, Principal
 from app.dependencies import Caller, Svc
 from domains.knowledge import catalog, reindexing
-from domains.knowledge.errors import CollectionMissing, StoreError, StoresNotConfigured
+from domains.knowledge.errors import CollectionMissing, StoreError
 from domains.knowledge.parsing import CONTENT_TYPES, file_type_of
 from domains.knowledge.schemas import (
     ID,
@@ -452,32 +451,29 @@ async def search(base_id: BaseId, body: SearchIn, caller: Caller, svc: Svc, stor
 # ------------------------------------------------------------------------------------------------ wiring
 
 
-async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+async def unavailable(request: Request, exc: Exception) -> JSONResponse:
+    """The api's answer to an unreachable (or unconfigured) store: 503, try again shortly."""
     detail = str(exc) if isinstance(exc, StoreError) else "knowledge stores unavailable"
     return JSONResponse(status_code=503, content={"detail": detail}, headers=RETRY_AFTER)
 
 
-def _fact(check: Any) -> Any:
-    async def fact(svc: Services) -> tuple[bool, str | None]:
-        result: tuple[bool, str | None] = await check(stores_for(svc.settings))
-        return result
-
-    return fact
+async def milvus_ready(svc: Services) -> tuple[bool, str | None]:
+    result: tuple[bool, str | None] = await milvus_fact(stores_for(svc.settings))
+    return result
 
 
-def install(app: FastAPI) -> None:
-    """Mount the routes, answer 503 for unreachable stores, and add the stores to /readyz."""
+async def object_store_ready(svc: Services) -> tuple[bool, str | None]:
+    result: tuple[bool, str | None] = await object_store_fact(stores_for(svc.settings))
+    return result
+
+
+def api_router() -> APIRouter:
+    """The /knowledge routes, for the api (declared in domains/knowledge/domain.py)."""
     # The clients' libraries take about a second to import (pymilvus brings pandas and numpy).
     # Loaded with the app, so no readiness check or first request pays for it within its deadline.
     importlib.import_module("pymilvus")
     importlib.import_module("minio")
-    app.include_router(router)
-    app.add_exception_handler(StoreError, _unavailable)
-    app.add_exception_handler(StoresNotConfigured, _unavailable)
-    facts = getattr(app.state, "readiness_facts", None)
-    if facts is None:
-        app.state.readiness_facts = facts = {}
-    facts.update({"milvus": _fact(milvus_fact), "object_store": _fact(object_store_fact)})
+    return router
 
 
 def body_routes(settings: Settings) -> list[BodyRoute]:

@@ -10,7 +10,6 @@ needs them configured.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -32,6 +31,7 @@ from app.ui import (
     status_page,
 )
 from domains.knowledge import catalog
+from domains.knowledge.domain import DOMAIN
 from domains.knowledge.model import ERRORS, STATUSES
 from domains.knowledge.reindexing import reindex_base
 from domains.knowledge.stores import StoreConfig
@@ -147,5 +147,5 @@ async def reindex(request: Request, base_id: str, viewer: Checked) -> Response:
 UI = UiExtension(
     router,
     nav=(NavEntry("Knowledge", PREFIX),),
-    templates=Path(__file__).resolve().parent / "templates",
+    templates=DOMAIN.templates,
 )

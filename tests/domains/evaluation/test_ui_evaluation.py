@@ -17,12 +17,12 @@ import httpx
 import pytest
 import test_ui
 from sqlalchemy import text
-from test_ui_knowledge import NO_STORES, csrf_on
 
 from domains.evaluation.tasks import GENERATE
 from tasks_core.model import Status
 from tasks_core.services import build_services
 from tests.conftest import make_settings
+from tests.domains.knowledge.test_ui_knowledge import NO_STORES, csrf_on
 from tests.evaluation_states import (
     completed_dataset,
     evaluate,

@@ -14,8 +14,8 @@ from domains.evaluation.cli import cli
 from domains.knowledge.cli import cli as knowledge_cli
 from tasks_core.services import build_services
 from tests.conftest import make_settings
+from tests.domains.knowledge.test_knowledge_cli import SECRET, live_api  # noqa: F401 (a fixture)
 from tests.evaluation_helpers import document
-from tests.integration.test_knowledge_cli import SECRET, live_api  # noqa: F401 (a fixture)
 from tests.knowledge_helpers import run_pending
 
 pytestmark = pytest.mark.usefixtures("clean_db")

@@ -16,10 +16,10 @@ import httpx
 import pytest
 import test_ui
 from sqlalchemy import text
-from test_ui_knowledge import NO_STORES
 
 from tasks_core.services import build_services
 from tests.conftest import make_settings
+from tests.domains.knowledge.test_ui_knowledge import NO_STORES
 from tests.graph_helpers import make_base
 from tests.knowledge_helpers import ALICE, BOB, run_pending
 
