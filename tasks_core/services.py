@@ -12,8 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from tasks_core.db import make_engine
 from tasks_core.registry import Registry, default_registry
 from tasks_core.settings import Settings
+from tasks_core.store.facade import TaskStore
 from tasks_core.store.group_commit import GroupCommit
-from tasks_core.store.repository import TaskRepository
 from tasks_core.transport import CeleryTransport
 from tasks_core.worker.lease import LeasePolicy
 
@@ -28,7 +28,7 @@ class Transport(Protocol):
 class Services:
     settings: Settings
     engine: AsyncEngine
-    repo: TaskRepository
+    repo: TaskStore
     registry: Registry
     transport: Transport
     worker_name: str = field(default_factory=socket.gethostname)
@@ -82,7 +82,7 @@ def build_services(
     return Services(
         settings=settings,
         engine=engine,
-        repo=TaskRepository(engine),
+        repo=TaskStore(engine),
         registry=registry or default_registry(settings.extra_modules),
         transport=transport or CeleryTransport(timeout=settings.publish_timeout_seconds),
         **(extra or {}),

@@ -25,7 +25,7 @@ from tasks_core.registry import Registry, TaskSpec
 from tasks_core.services import Services
 from tasks_core.settings import Settings
 from tasks_core.store.group_commit import GroupCommit
-from tasks_core.store.repository import NewTask
+from tasks_core.store.outcomes import NewTask
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 1000

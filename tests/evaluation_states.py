@@ -11,7 +11,7 @@ from typing import Any
 from domains.evaluation import store
 from domains.evaluation.tasks import GENERATE, RUN
 from tasks_core.model import Status
-from tasks_core.store.repository import Claim, NewTask
+from tasks_core.store.outcomes import Claim, NewTask
 
 
 async def _claim(svc: Any, task_id: uuid.UUID) -> uuid.UUID:

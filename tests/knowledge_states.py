@@ -11,7 +11,7 @@ from domains.knowledge import catalog
 from domains.knowledge.parsing import file_type_of
 from domains.knowledge.tasks import INGEST
 from tasks_core.model import Status
-from tasks_core.store.repository import Claim, NewTask
+from tasks_core.store.outcomes import Claim, NewTask
 
 
 async def new_base(svc: Any, owner: str, name: str) -> str:

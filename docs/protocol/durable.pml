@@ -4,7 +4,7 @@
  * docs/protocol/README.md says what each bound covers and what the checks found;
  * scripts/check-protocol runs every configuration.
  *
- * One row per task, as tasks_core/store/repository.py writes it: status, attempt token, attempt count,
+ * One row per task, as tasks_core/store writes it: status, attempt token, attempt count,
  * lease, cancel intent, the row lock of an open owning/terminal transaction, the domain row its
  * handler writes, and the capacity slots (task_slots). Each atomic block below is one SQL
  * statement or one committed transaction of the repository; the comment names the function.
@@ -179,7 +179,7 @@ inline relay() {
 
 /* ------------------------------------------------------------------ actors */
 
-/* submission.py + TaskRepository.insert: insert pending (ON CONFLICT on the active dedupe key:
+/* submission.py + TaskStore.insert: insert pending (ON CONFLICT on the active dedupe key:
  * refused while a holder is active), commit, then publish (which may fail: the publisher
  * re-sends). A dedupe submit may be retried until the key is free. */
 active proctype Submitter() {
@@ -269,7 +269,7 @@ inline claim(t) {
   check()
 }
 
-/* TaskRepository.finish: FINISH_SQL (fenced, locks the row), the type's hook in the same
+/* TaskStore.finish: FINISH_SQL (fenced, locks the row), the type's hook in the same
  * transaction, the lease re-check, COMMIT. Cancel intent beats a concurrent success. */
 inline finish(t, want) {
   if :: OWNED(t) -> skip :: else -> goto lost fi;
@@ -291,7 +291,7 @@ inline finish(t, want) {
   fi
 }
 
-/* The user: TaskRepository.request_cancel (locks the row, so waits for an open owning
+/* The user: TaskStore.request_cancel (locks the row, so waits for an open owning
  * transaction): pending -> cancelled at once with its hook; running -> cancel intent. */
 active proctype Canceller() {
   byte t;
@@ -312,7 +312,7 @@ active proctype Canceller() {
   od
 }
 
-/* TaskRepository.reconcile: rows locked elsewhere are skipped (SKIP LOCKED); an expired
+/* TaskStore.reconcile: rows locked elsewhere are skipped (SKIP LOCKED); an expired
  * running row goes back to pending (retry-safe, attempts left, no cancel intent) or ends failed
  * (cancelled under cancel intent) with its failure hook; a pending row with cancel intent ends
  * cancelled with its hook. One transaction per task. */
@@ -418,7 +418,7 @@ attempt:
   :: atomic { lk[t] == 0 -> finish(t, FAILED); goto lost }      /* it raised / timed out / shutdown */
   :: atomic {                                                   /* warm shutdown, retry-safe */
        lk[t] == 0 && RETRY_SAFE(t) && mytok < MAXATT ->
-       /* TaskRepository.release: an owning transaction that hands the task back */
+       /* TaskStore.release: an owning transaction that hands the task back */
        if :: OWNED(t) -> skip :: else -> goto lost fi;
        if :: skip :: live[t] = 0 fi;
        if :: live[t] -> I2(t, mytok); end_attempt(t); st[t] = PENDING; relay(); check() :: else -> skip fi;

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from typing import Any
 
 from tasks_core.services import Services
-from tasks_core.store.repository import ReconcileReport
+from tasks_core.store.outcomes import ReconcileReport
 
 READINESS_KEY = "dtask:readiness"
 

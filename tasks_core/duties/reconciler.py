@@ -12,7 +12,7 @@ from tasks_core.duties.readiness import write_readiness
 from tasks_core.duties.relay import relay
 from tasks_core.retry import backoff
 from tasks_core.services import Services
-from tasks_core.store.repository import ReconcileReport
+from tasks_core.store.outcomes import ReconcileReport
 
 
 def retry_delay(services: Services) -> object:

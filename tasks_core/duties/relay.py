@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tasks_core import metrics
 from tasks_core.services import Services
-from tasks_core.store.repository import RelayOptions
+from tasks_core.store.outcomes import RelayOptions
 from tasks_core.transport import DURABLE_QUEUE
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ class Relayed:
 
 
 async def relay(services: Services, *, by: str = "relay") -> Relayed:
-    """Publish what capacity can take now (see TaskRepository.take_due)."""
+    """Publish what capacity can take now (see TaskStore.take_due)."""
     return await publish_due(services, await take_relay_due(services), by=by)
 
 

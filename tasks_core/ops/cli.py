@@ -131,14 +131,14 @@ def db_status() -> None:
     from tasks_core.db import make_engine
     from tasks_core.ops.schema_detect import Detection
     from tasks_core.ops.schema_detect import classify as starting_point
-    from tasks_core.store.repository import TaskRepository
+    from tasks_core.store.facade import TaskStore
 
     async def go() -> tuple[Detection, dict[str, int] | None]:
         engine = make_engine(get_settings().require_database(), pool_size=1)
         try:
             async with engine.connect() as conn:
                 found = await conn.run_sync(starting_point)
-            backlog = await TaskRepository(engine).legacy_backlog() if found.kind == "current" else None
+            backlog = await TaskStore(engine).legacy_backlog() if found.kind == "current" else None
             return found, backlog
         finally:
             await engine.dispose()

@@ -19,7 +19,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tasks_core import metrics
 from tasks_core.db import is_transient
-from tasks_core.store.repository import OwnershipLost, TaskRepository
+from tasks_core.store.facade import TaskStore
+from tasks_core.store.outcomes import OwnershipLost
 from tasks_core.worker.lease import DatabaseUnavailable, LeaseClock, retry_transient
 
 T = TypeVar("T")
@@ -38,7 +39,7 @@ class TaskCancelled(Exception):
 class TaskContext:
     def __init__(
         self,
-        repo: TaskRepository,
+        repo: TaskStore,
         task: dict[str, Any],
         token: uuid.UUID,
         attempt: int,

@@ -23,7 +23,7 @@ from tasks_core.model import Status
 from tasks_core.registry import TaskSpec
 from tasks_core.retry import RetryableError, backoff
 from tasks_core.services import Services
-from tasks_core.store.repository import Claim, HookFailed, OwnershipLost, Refused
+from tasks_core.store.outcomes import Claim, HookFailed, OwnershipLost, Refused
 from tasks_core.worker.context import TaskCancelled, TaskContext
 from tasks_core.worker.lease import DatabaseUnavailable, retry_transient
 

@@ -1,10 +1,10 @@
-"""The real TaskRepository, on real PostgreSQL, held to the protocol model of docs/protocol.
+"""The real TaskStore, on real PostgreSQL, held to the protocol model of docs/protocol.
 
 A Hypothesis ``RuleBasedStateMachine`` plays several workers, a user and the reconciler against
 one database: submits (with dedupe keys), claims (one at a time, and racing in real concurrent
 sessions), heartbeats, fenced progress reports, owning transactions (whose lease may lapse
 during the callback), terminal writes, retry-safe hand-backs, cancels and reconciles, while the
-database clock (``TaskRepository.now``, which replaces ``clock_timestamp()`` in every
+database clock (``TaskStore.now``, which replaces ``clock_timestamp()`` in every
 statement) only moves forward. A worker keeps its token after it lost the task, so it keeps
 trying late writes. After every step the database must equal the model's state exactly, and
 the invariants I1, I2, I4, I5, I6 (README, "Invariants") must hold in what PostgreSQL holds (I7: no worker
@@ -34,7 +34,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from domains.diagnostics.model import diagnostics_effects, diagnostics_runs
 from tasks_core.db import make_engine
 from tasks_core.model import Status
-from tasks_core.store.repository import Claim, NewTask, OwnershipLost, TaskRepository
+from tasks_core.store.facade import TaskStore
+from tasks_core.store.outcomes import Claim, NewTask, OwnershipLost
 
 LEASE = 10  # seconds of the database clock
 CAPACITY = 2
@@ -126,7 +127,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         EXAMPLES["started"] += 1
         self.registry = registry_with_test_specs()
         self.base: datetime = self.run(self._fresh_database())
-        self.repo = TaskRepository(self.engine, now=self.base)
+        self.repo = TaskStore(self.engine, now=self.base)
         self.model = Model()
         self.workers = [Worker() for _ in range(WORKERS)]
 

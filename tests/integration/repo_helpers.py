@@ -17,7 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domains.diagnostics.model import diagnostics_effects, diagnostics_runs
 from tasks_core.registry import Registry
-from tasks_core.store.repository import Claim, NewTask, TaskRepository
+from tasks_core.store.facade import TaskStore
+from tasks_core.store.outcomes import Claim, NewTask
 
 LONG_LEASE = 30.0
 
@@ -36,13 +37,13 @@ async def db_now(engine: AsyncEngine) -> datetime:
         return (await conn.execute(text("SELECT clock_timestamp()"))).scalar_one()  # type: ignore[no-any-return]
 
 
-def at(engine: AsyncEngine, now: datetime) -> TaskRepository:
+def at(engine: AsyncEngine, now: datetime) -> TaskStore:
     """A repository whose every statement sees ``now`` instead of clock_timestamp()."""
-    return TaskRepository(engine, now=now)
+    return TaskStore(engine, now=now)
 
 
 async def submit(
-    repo: TaskRepository,
+    repo: TaskStore,
     task_type: str = "diagnostics.sleep",
     payload: dict[str, Any] | None = None,
     *,
@@ -69,7 +70,7 @@ async def submit(
 
 
 async def claim(
-    repo: TaskRepository,
+    repo: TaskStore,
     registry: Registry,
     task_id: uuid.UUID,
     *,
@@ -82,7 +83,7 @@ async def claim(
     return got
 
 
-async def start_run_row(repo: TaskRepository, task_id: uuid.UUID, token: uuid.UUID) -> None:
+async def start_run_row(repo: TaskStore, task_id: uuid.UUID, token: uuid.UUID) -> None:
     """What diagnostics.sleep does first: mark its domain row in progress as the owner."""
     async with repo.owning_transaction(task_id, token) as (conn, _row):
         await conn.execute(
@@ -91,7 +92,7 @@ async def start_run_row(repo: TaskRepository, task_id: uuid.UUID, token: uuid.UU
 
 
 async def running_task(
-    repo: TaskRepository,
+    repo: TaskStore,
     registry: Registry,
     task_type: str = "diagnostics.sleep",
     payload: dict[str, Any] | None = None,

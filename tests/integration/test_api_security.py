@@ -127,7 +127,7 @@ async def test_waiting_reason_counts_only_the_owners_own_older_tasks(
 
 
 async def test_waiting_reason_count_is_bounded(client: httpx.AsyncClient, svc: Any) -> None:
-    from tasks_core.store.repository import WAITING_COUNT_CAP
+    from tasks_core.store.statements import WAITING_COUNT_CAP
 
     async with svc.engine.begin() as conn:
         await conn.execute(
@@ -149,7 +149,7 @@ async def test_counting_older_tasks_stops_at_the_cap_however_long_the_queue(svc:
     """The count behind waiting_reason walks the owner's pending index newest first and stops at
     the cap; unordered, the planner built a bitmap of the whole queue first (2x slower at 100 k
     pending than at 1 k in `dtask bench scale`)."""
-    from tasks_core.store.repository import waiting_facts_sql
+    from tasks_core.store.statements import waiting_facts_sql
 
     async with svc.engine.begin() as conn:
         await conn.execute(text(

@@ -23,12 +23,13 @@ from sqlalchemy import text
 
 from tasks_core.db import make_engine
 from tasks_core.model import Status
-from tasks_core.store.repository import Claim, TaskRepository
+from tasks_core.store.facade import TaskStore
+from tasks_core.store.outcomes import Claim
 
 CLAIMERS = 20
 
 
-async def _warm_pool(repo: TaskRepository, n: int) -> None:
+async def _warm_pool(repo: TaskStore, n: int) -> None:
     """Open n connections up front so the race is between live sessions, not connection set-up."""
     conns = [await repo.engine.connect() for _ in range(n)]
     for conn in conns:
@@ -55,7 +56,7 @@ async def test_twenty_sessions_racing_for_one_row_yield_exactly_one_owner(
     """I1: of 20 concurrent claims of one pending row exactly one wins, under one token, and the
     attempts audit holds exactly one row for it; everyone else is refused as `not_pending:running`."""
     engine = make_engine(database_url, pool_size=CLAIMERS)
-    repo = TaskRepository(engine)
+    repo = TaskStore(engine)
     try:
         await _warm_pool(repo, CLAIMERS)
         for _round in range(3):
@@ -173,7 +174,7 @@ async def test_per_type_concurrency_cap_holds_under_a_race(services: Any, databa
     """I5 per type: a spec's `concurrency=1` admits one running task of that type at a time."""
     reg = registry_with_test_specs()
     engine = make_engine(database_url, pool_size=10)
-    repo = TaskRepository(engine)
+    repo = TaskStore(engine)
     try:
         ids = [await submit(repo, "test.capped") for _ in range(6)]
         results = await _race([repo.claim(i, reg, capacity=100, lease_seconds=30) for i in ids])
@@ -190,7 +191,7 @@ async def test_twenty_claimers_burst_never_exceed_capacity(services: Any, databa
     """I5: 10 pending tasks, 20 concurrent claimers (two per task), capacity 4: exactly 4 claims win,
     4 rows run and the attempts audit shows exactly 4 live attempts."""
     engine = make_engine(database_url, pool_size=CLAIMERS)
-    repo = TaskRepository(engine)
+    repo = TaskStore(engine)
     try:
         await _warm_pool(repo, CLAIMERS)
         ids = [await submit(repo) for _ in range(10)]
@@ -218,7 +219,7 @@ async def test_capacity_holds_while_twenty_claimers_churn_through_ten_tasks(
     never sees more than 4 running rows, and the attempts audit (claimed_at..ended_at intervals,
     all stamped by PostgreSQL) never overlaps more than 4 deep."""
     engine = make_engine(database_url, pool_size=CLAIMERS + 2)
-    repo, reg = TaskRepository(engine), services.registry
+    repo, reg = TaskStore(engine), services.registry
     capacity = 4
     try:
         await _warm_pool(repo, CLAIMERS + 1)
@@ -305,7 +306,7 @@ async def test_a_hot_statement_whose_backend_was_terminated_runs_again_on_a_fres
     import asyncpg
 
     from tasks_core.db import is_transient
-    from tasks_core.store.repository import Statement
+    from tasks_core.store.execute import Statement
 
     repo = services.repo
     whose = Statement(text("SELECT pg_backend_pid() AS pid, CAST(:n AS int) AS n"))

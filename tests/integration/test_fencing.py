@@ -27,10 +27,11 @@ from repo_helpers import (
 
 from domains.diagnostics.model import diagnostics_effects, diagnostics_runs
 from tasks_core.model import Status
-from tasks_core.store.repository import Claim, OwnershipLost, TaskRepository
+from tasks_core.store.facade import TaskStore
+from tasks_core.store.outcomes import Claim, OwnershipLost
 
 
-async def _late_writes_all_rejected(repo: TaskRepository, task_id: uuid.UUID, token: uuid.UUID) -> None:
+async def _late_writes_all_rejected(repo: TaskStore, task_id: uuid.UUID, token: uuid.UUID) -> None:
     """Try every kind of owner write with `token` through `repo`; each must be refused."""
     assert await repo.report(task_id, token, 55.0, "late progress") is False
     beat = await repo.heartbeat(task_id, token, 30.0)
@@ -223,7 +224,7 @@ async def _hold_run_row_lock(
         await release.wait()
 
 
-async def _owner_writes_behind_lock(repo: TaskRepository, task_id: uuid.UUID, token: uuid.UUID) -> None:
+async def _owner_writes_behind_lock(repo: TaskStore, task_id: uuid.UUID, token: uuid.UUID) -> None:
     async with repo.owning_transaction(task_id, token) as (conn, _row):
         await conn.execute(diagnostics_effects.insert().values(task_id=task_id, attempt_token=token, step=1))
         # Waits for the other session's row lock.
@@ -318,7 +319,7 @@ async def test_cancel_and_success_racing_agree_on_one_outcome(services: Any, dat
     from tasks_core.db import make_engine
 
     engine = make_engine(database_url, pool_size=10)
-    repo, reg = TaskRepository(engine), services.registry
+    repo, reg = TaskStore(engine), services.registry
     try:
         for i in range(16):
             task_id, got = await running_task(repo, reg)
@@ -379,7 +380,7 @@ async def test_claim_and_cancel_racing_on_a_pending_task_agree(services: Any, da
     from tasks_core.db import make_engine
 
     engine = make_engine(database_url, pool_size=10)
-    repo, reg = TaskRepository(engine), services.registry
+    repo, reg = TaskStore(engine), services.registry
     try:
         for i in range(16):
             task_id = await submit(repo)

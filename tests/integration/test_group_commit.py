@@ -12,7 +12,7 @@ import pytest
 from repo_helpers import scalar, wait_until_blocked_on_a_lock
 from sqlalchemy import text
 
-from tasks_core.store.repository import NewTask
+from tasks_core.store.outcomes import NewTask
 from tasks_core.submission import Submitter, TaskIntent
 
 QUEUE = "durable"

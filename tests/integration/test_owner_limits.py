@@ -186,7 +186,7 @@ async def test_an_owners_finishing_task_hands_its_slot_to_that_owners_next_task(
     """The terminal write picks what the freed slot takes next in the same statement, whose snapshot
     still sees the finishing task running: counted, it would put its owner at the limit, and the
     owner's next task would wait for the periodic publisher."""
-    from tasks_core.store.repository import RelayOptions
+    from tasks_core.store.outcomes import RelayOptions
 
     repo, registry = services.repo, services.registry
     first, second = [await submit(repo, owner="alice") for _ in range(2)]

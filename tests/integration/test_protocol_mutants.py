@@ -17,17 +17,17 @@ from sqlalchemy import text
 
 from tasks_core.store import statements
 from tasks_core.store.execute import Statement
-from tasks_core.store.repository import TaskRepository
+from tasks_core.store.facade import TaskStore
 
 
 def mutate_method(monkeypatch: pytest.MonkeyPatch, name: str, old: str, new: str) -> None:
-    """Replace ``old`` by ``new`` in the source of TaskRepository.<name> and install the result."""
-    method = getattr(TaskRepository, name)
+    """Replace ``old`` by ``new`` in the source of TaskStore.<name> and install the result."""
+    method = getattr(TaskStore, name)
     source = textwrap.dedent(inspect.getsource(method))
     assert source.count(old) == 1, f"mutant of {name} no longer applies: {old!r}"
     namespace = dict(vars(sys.modules[method.__module__]))  # the globals of the store module defining it
     exec(compile(source.replace(old, new), f"<mutant of {name}>", "exec"), namespace)
-    monkeypatch.setattr(TaskRepository, name, namespace[name])
+    monkeypatch.setattr(TaskStore, name, namespace[name])
 
 
 def mutate_sql(monkeypatch: pytest.MonkeyPatch, name: str, old: str, new: str) -> None:

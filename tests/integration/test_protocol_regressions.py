@@ -9,7 +9,10 @@ from hooks_for_tests import registry_with_test_specs
 from repo_helpers import claim, submit
 
 from tasks_core.model import Status
-from tasks_core.store.repository import CLAIM_SQL, Claim, _runnable_arrays, _type_caps
+from tasks_core.store.base import runnable_arrays as _runnable_arrays
+from tasks_core.store.base import type_caps as _type_caps
+from tasks_core.store.outcomes import Claim
+from tasks_core.store.statements import CLAIM_SQL
 
 
 async def test_a_late_message_for_a_finished_task_takes_no_slot_from_a_live_claim(services: Any) -> None:

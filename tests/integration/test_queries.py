@@ -14,7 +14,8 @@ import pytest
 from repo_helpers import db_now
 from sqlalchemy import text
 
-from tasks_core.store.repository import TaskRepository, encode_cursor
+from tasks_core.store.facade import TaskStore
+from tasks_core.store.reads import encode_cursor
 
 TYPES = ("diagnostics.noop", "diagnostics.sleep", "diagnostics.fail")
 STATUSES = ("pending", "running", "success", "failed", "cancelled")
@@ -61,7 +62,7 @@ def _newest_first(rows: list[dict[str, Any]]) -> list[uuid.UUID]:
     return [r["id"] for r in sorted(rows, key=lambda r: (r["created"], r["id"]), reverse=True)]
 
 
-async def _walk(repo: TaskRepository, limit: int, **filters: Any) -> tuple[list[uuid.UUID], int]:
+async def _walk(repo: TaskStore, limit: int, **filters: Any) -> tuple[list[uuid.UUID], int]:
     ids: list[uuid.UUID] = []
     cursor: str | None = None
     pages = 0
@@ -171,7 +172,7 @@ async def test_a_cursor_keeps_its_place_while_new_tasks_arrive(services: Any) ->
 
 
 def test_cursor_round_trips_microseconds() -> None:
-    from tasks_core.store.repository import decode_cursor
+    from tasks_core.store.reads import decode_cursor
 
     stamp = datetime(2026, 3, 4, 5, 6, 7, 891011).astimezone()
     ident = uuid.uuid4()
@@ -199,4 +200,4 @@ async def test_oldest_pending_age_is_measured_on_the_database_clock(services: An
     rows = await _seed(services.engine, 30)
     oldest = min(r["created"] for r in rows if r["status"] == "pending")
     pinned = oldest + timedelta(seconds=90)
-    assert await TaskRepository(services.engine, now=pinned).oldest_pending_age() == 90.0
+    assert await TaskStore(services.engine, now=pinned).oldest_pending_age() == 90.0

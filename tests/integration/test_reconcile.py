@@ -25,10 +25,11 @@ from repo_helpers import (
 from tasks_core.duties import reconciler
 from tasks_core.duties.publisher import publish_pending
 from tasks_core.registry import Registry
-from tasks_core.store.repository import NewTask, TaskRepository
+from tasks_core.store.facade import TaskStore
+from tasks_core.store.outcomes import NewTask
 
 
-def _with_repo(services: Any, repo: TaskRepository, registry: Registry | None = None) -> Any:
+def _with_repo(services: Any, repo: TaskStore, registry: Registry | None = None) -> Any:
     """The same services (engine, transport, Redis) seen through another clock and/or registry."""
     return dataclasses.replace(services, repo=repo, registry=registry or services.registry)
 

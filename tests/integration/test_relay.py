@@ -57,7 +57,7 @@ async def test_a_big_batch_puts_only_what_capacity_can_take_on_the_broker_and_st
     freed slot, until every task has run — driven here exactly as workers do (claim each message,
     finish, relay)."""
     from tasks_core.model import Status
-    from tasks_core.store.repository import Claim
+    from tasks_core.store.outcomes import Claim
 
     repo, registry, s = services.repo, services.registry, services.settings
     s.publish_ahead = 2
@@ -160,7 +160,7 @@ async def test_the_terminal_write_hands_its_freed_slot_to_the_oldest_waiting_tas
     """The relay's work done by the terminal statement itself: with capacity full and nothing
     queued ahead, ending one task stamps exactly one waiting task — the oldest — and returns it."""
     from tasks_core.model import Status
-    from tasks_core.store.repository import Claim, RelayOptions
+    from tasks_core.store.outcomes import Claim, RelayOptions
 
     repo, registry = services.repo, services.registry
     ids = [(await Submitter(services).submit(TaskIntent("diagnostics.noop", {}))).task_id for _ in range(6)]
@@ -180,7 +180,7 @@ async def test_the_terminal_write_hands_its_freed_slot_to_the_oldest_waiting_tas
 
 async def test_a_refused_terminal_write_hands_nothing_on(services: Any) -> None:
     from tasks_core.model import Status
-    from tasks_core.store.repository import Claim, OwnershipLost, RelayOptions
+    from tasks_core.store.outcomes import Claim, OwnershipLost, RelayOptions
 
     repo, registry = services.repo, services.registry
     ids = [(await Submitter(services).submit(TaskIntent("diagnostics.noop", {}))).task_id for _ in range(3)]
@@ -325,7 +325,8 @@ async def test_under_the_workers_generic_plans_the_budget_and_the_pick_read_thei
     import asyncpg
     from sqlalchemy import text
 
-    from tasks_core.store.repository import FINISH_SQL, RELAY_DUE_SQL, _runnable_arrays
+    from tasks_core.store.base import runnable_arrays as _runnable_arrays
+    from tasks_core.store.statements import FINISH_SQL, RELAY_DUE_SQL
 
     async with services.engine.begin() as conn:
         await conn.execute(text(

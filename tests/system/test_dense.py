@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tasks_core.store.repository import NewTask
+from tasks_core.store.outcomes import NewTask
 from tasks_core.submission import Submitter, TaskIntent
 from tasks_core.transport import CeleryTransport
 from tests.system.conftest import Cluster, wait_for

@@ -211,7 +211,7 @@ async def test_sigkilled_worker_task_fails_lease_expired_within_lease_plus_recon
 
 @POOLS
 async def test_one_task_id_published_five_times_runs_once(cluster: Cluster, services: Any, pool: str) -> None:
-    from tasks_core.store.repository import NewTask
+    from tasks_core.store.outcomes import NewTask
 
     worker = cluster.start_worker(concurrency=4, pool=pool)
     await cluster.wait_worker_ready(worker)
@@ -345,7 +345,7 @@ async def test_sigterm_hands_a_retry_safe_task_back_and_another_worker_finishes_
 ) -> None:
     """Warm shutdown of a retry-safe task: pending again (attempt kept in the trail), and the id the
     stopping worker relayed on release is run by the next worker, with no beat to republish it."""
-    from tasks_core.store.repository import NewTask
+    from tasks_core.store.outcomes import NewTask
 
     extra = {"DTASK_EXTRA_TASK_MODULES": "tests.system.specs"}
     first = cluster.start_worker("worker-a", **extra)
@@ -411,7 +411,7 @@ async def test_a_handler_that_ignores_cancel_ends_unresponsive_and_its_pool_proc
     worker = cluster.start_worker(concurrency=2, **extra)
     await cluster.wait_worker_ready(worker)
     before = set(worker.group_members())
-    from tasks_core.store.repository import NewTask
+    from tasks_core.store.outcomes import NewTask
 
     async with services.engine.begin() as conn:
         stuck = (

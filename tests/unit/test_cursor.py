@@ -12,7 +12,7 @@ import pytest
 
 from domains.knowledge import catalog
 from tasks_core import cursor
-from tasks_core.store.repository import decode_cursor
+from tasks_core.store.reads import decode_cursor
 
 
 def _b64(raw: str) -> str:

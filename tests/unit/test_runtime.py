@@ -16,7 +16,7 @@ from sqlalchemy import text
 from domains.diagnostics.tasks import SPECS as DIAGNOSTICS
 from tasks_core.registry import Registry, TaskSpec
 from tasks_core.services import build_services
-from tasks_core.store.repository import OwnershipLost
+from tasks_core.store.outcomes import OwnershipLost
 from tasks_core.submission import Submitter, TaskIntent
 from tasks_core.worker.context import TaskContext
 from tasks_core.worker.runtime import ShutdownSignal, run_task

@@ -7,7 +7,7 @@ repository methods run in this process, each op timed on its own (median and p99
 
 - ``insert`` (a submit's transaction), ``claim`` and ``finish`` (the terminal transaction with the
   diagnostics hook) of M fresh no-op tasks — these must stay flat as history grows;
-- ``publish``: ``TaskRepository.claim_for_publish`` of one publisher batch over the pending rows
+- ``publish``: ``TaskStore.claim_for_publish`` of one publisher batch over the pending rows
   (the stamps it writes are reset between calls, so every call sees the same table; a VACUUM
   afterwards clears the dead row versions that churn leaves);
 - ``summary``: the per-status counts of ``GET /tasks/summary``;
@@ -34,7 +34,8 @@ from tasks_core.devkit.bench.common import BenchEnv, CommonOptions, client_setti
 from tasks_core.devkit.bench.report import Document, Rounds, alternate, ratio, summarize
 from tasks_core.model import Status
 from tasks_core.registry import default_registry
-from tasks_core.store.repository import NewTask, TaskRepository
+from tasks_core.store.facade import TaskStore
+from tasks_core.store.outcomes import NewTask
 
 OPS = ("insert", "claim", "finish", "publish", "summary", "view")
 
@@ -113,7 +114,7 @@ async def _run(opts: ScaleOptions) -> dict[str, Any]:
             doc.settings.update(publish_republish_after_seconds=publish_after, claim_capacity=4,
                                 lease_seconds=30.0)
             for round_no, seq, name in alternate(list(variants), opts.rounds):
-                repo = TaskRepository(engines[name])
+                repo = TaskStore(engines[name])
                 times = await _round(repo, registry, opts, publish_after)
                 for op, values in times.items():
                     samples[name][op] += values
@@ -170,7 +171,7 @@ async def _timed(fn: Callable[[], Awaitable[Any]]) -> tuple[float, Any]:
 
 
 async def _round(
-    repo: TaskRepository, registry: Any, opts: ScaleOptions, publish_after: float
+    repo: TaskStore, registry: Any, opts: ScaleOptions, publish_after: float
 ) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {op: [] for op in OPS}
     new = NewTask("diagnostics.noop", 1, {}, 60.0, owner="bench-round")

@@ -15,7 +15,7 @@ from domains.evaluation import store
 from domains.evaluation.handlers import generate_dataset
 from domains.evaluation.settings import MAX_DATASET_SIZE, MAX_TOP_K
 from tasks_core.model import Status
-from tasks_core.store.repository import OwnershipLost
+from tasks_core.store.outcomes import OwnershipLost
 from tasks_core.worker.context import TaskContext
 from tests.evaluation_helpers import TOPICS, assert_distinct, dataset_row, document, indexed_base, items, rows
 from tests.knowledge_helpers import ALICE, BOB, knowledge_api, run_pending, scalar

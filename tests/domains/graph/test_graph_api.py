@@ -19,7 +19,7 @@ from domains.graph import store
 from domains.graph.extraction import count_chunks, load_extractor
 from domains.graph.handlers import _batch_writer
 from domains.graph.tasks import MAX_ATTEMPTS
-from tasks_core.store.repository import OwnershipLost
+from tasks_core.store.outcomes import OwnershipLost
 from tasks_core.worker.context import TaskContext
 from tasks_core.worker.runtime import ShutdownSignal, run_task
 from tests.graph_helpers import build_row, corpus, expected_tables, graph_tables, make_base

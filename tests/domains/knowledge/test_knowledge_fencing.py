@@ -16,7 +16,7 @@ from domains.knowledge.model import INDEXED, INDEXING, PARSED, PARSING
 from domains.knowledge.stores import stores_for
 from domains.knowledge.tasks import MAX_ATTEMPTS
 from tasks_core.settings import Settings
-from tasks_core.store.repository import OwnershipLost
+from tasks_core.store.outcomes import OwnershipLost
 from tasks_core.worker.context import TaskContext
 from tests.knowledge_helpers import ALICE, create_base, file_row, knowledge_api, upload
 
