@@ -117,7 +117,7 @@ class Settings(BaseSettings):
     reconcile_seconds: float = Field(default=10.0, gt=0)
     # Publish bounds how long a lost or dropped message can delay a pending task.
     publish_seconds: float = Field(default=15.0, gt=0)
-    # Upper bound for any task's timeout; may exceed 24 h (design §8).
+    # Upper bound for any task's timeout; may exceed 24 h: jobs that run for days exist.
     max_timeout_seconds: float = Field(default=172800.0, gt=0)
     # Default timeout of a type that does not declare one.
     default_timeout_seconds: float = Field(default=3600.0, gt=0)

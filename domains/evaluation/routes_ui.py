@@ -1,7 +1,7 @@
 """The evaluation domain's dashboard pages (/ui/evaluation): datasets with their generation state and
 runs with their metrics, each linked to the task that owns it, a dataset's items and a run's
-per-item outcomes a page at a time, and a form to resume a stopped dataset (issue 11). Registered
-in ``app.ui.extensions``.
+per-item outcomes a page at a time, and a form to resume a stopped dataset. Declared as
+the domain's ``ui`` in its ``domain.py``.
 
 Everything shown comes from PostgreSQL through the domain's store, with the API's owner rules: a
 key sees its own datasets and runs (an admin key all); another owner's does not exist (404).

@@ -1,6 +1,6 @@
 """The graph domain's dashboard pages (/ui/graph): each knowledge base's latest graph build with its
-state and a link to the task that builds it, and the built graph's most mentioned entities
-(issue 11). Registered in ``app.ui.extensions``.
+state and a link to the task that builds it, and the built graph's most mentioned entities.
+Declared as the domain's ``ui`` in its ``domain.py``.
 
 What they show comes from PostgreSQL, with the API's owner rules: a key sees its own bases (an
 admin key all); another owner's base does not exist (404).

@@ -1,5 +1,5 @@
 """The knowledge domain's dashboard pages (/ui/knowledge): bases, and each base's files with their
-states, each linked to the task that owns it (issue 11). Registered in ``app.ui.extensions``.
+states, each linked to the task that owns it. Declared as the domain's ``ui`` in its ``domain.py``.
 
 What they show comes from PostgreSQL through the domain's catalog, with the API's owner rules: a
 key sees its own bases (an admin key all); another owner's base does not exist (404). Nothing here
