@@ -1,6 +1,6 @@
 """diagnostics.sleep rides out a database blink inside its owning transactions (the fault campaign
-holds it to this: a database blink delays a task, never ends it): a write cut off by a transient error is re-run, and a re-run never
-stores a step twice."""
+holds it to this too: a blink delays a task, never ends it): a write cut off by a transient error
+is re-run, and a re-run never stores a step twice."""
 
 from __future__ import annotations
 
