@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -13,7 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import uvicorn
@@ -42,23 +43,38 @@ def serve(app: Any) -> Iterator[str]:
 
 
 @contextmanager
-def api_process(**env: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def api_process(
+    *,
+    dtask: list[str | Path] | None = None,
+    cwd: Path | None = None,
+    environ: dict[str, str] | None = None,
+    start_seconds: float = 30,
+    log: IO[bytes] | None = None,
+    **env: str,
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """`dtask api` on a free loopback port, with the test environment plus ``env`` (DTASK_*
-    settings); yields its base URL and process once /healthz answers, and stops it afterwards."""
+    settings); yields its base URL and process once /healthz answers, and stops it afterwards.
+    ``dtask`` is the command (default: this checkout's), ``environ`` the whole environment instead
+    of the test's, ``log`` a file that keeps the api's output for the caller."""
     from tasks_core.devkit.embedded import free_port
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryFile() as log:  # its output, shown when it does not start
+    command = dtask or [sys.executable, "-m", "tasks_core.ops.cli"]
+    base = environ if environ is not None else {**os.environ, "PYTHONPATH": str(ROOT)}
+    with contextlib.ExitStack() as stack:
+        if log is None:  # its output, shown when it does not start
+            log = stack.enter_context(tempfile.TemporaryFile())
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tasks_core.ops.cli", "api", "--port", str(port)],
-            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+            [*command, "api", "--port", str(port)],
+            cwd=cwd,
+            env={**base, **env},
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
         try:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + start_seconds
             while True:
                 try:
                     if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
 import uuid
 import zipfile
 from collections.abc import Iterator
@@ -27,12 +26,12 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from tasks_core.devkit.embedded import free_port
 from tasks_core.domain import load_domains
 from tasks_core.registry import import_path
 from tasks_core.services import build_services
 from tests.conftest import make_settings
 from tests.graph_helpers import make_base
+from tests.live_api import api_process
 
 ROOT = Path(__file__).resolve().parents[2]
 # What the image's build stage copies before `pip install .`.
@@ -187,40 +186,12 @@ def _pages(ids: dict[str, str]) -> list[str]:
 
 @pytest.fixture
 def api_from_wheel(venv: Path, clean_db: None) -> Iterator[str]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(
-            [venv / "bin" / "dtask", "api", "--port", str(port)],
-            cwd=venv,
-            env=_clean_env(DTASK_API_KEYS=KEYS),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    output = log.read()[-4000:].decode(errors="replace")
-                    raise AssertionError(f"dtask api did not start:\n{output}")
-                time.sleep(0.1)
+        with api_process(dtask=[venv / "bin" / "dtask"], cwd=venv, environ=_clean_env(DTASK_API_KEYS=KEYS),
+                         start_seconds=60, log=log) as (url, _):
             yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-            log.seek(0)
-            output = log.read().decode(errors="replace")
+        log.seek(0)
+        output = log.read().decode(errors="replace")
     assert "TemplateNotFound" not in output and "Traceback" not in output, output[-4000:]
 
 
