@@ -92,22 +92,6 @@ class Settings(BaseSettings):
     # burst; shorter tells the client sooner to come back (an upload holds its turn for as long as
     # its client takes to send the body).
     upload_wait_seconds: float = Field(default=5.0, gt=0, allow_inf_nan=False)
-    # Characters of text one file may give; over it the file ends error_parsing naming this
-    # setting. The upload limit does not bound text: a PDF's font map can turn each byte into
-    # hundreds of characters. Higher admits longer books; every character is chunked, embedded
-    # and stored. 4,000,000 is about 1,500 pages of prose and 5,000 to 10,000 chunks.
-    knowledge_max_chars: int = Field(default=4_000_000, ge=1)
-    # Chunks one file may give (each is embedded, upserted to Milvus and stored in PostgreSQL):
-    # bounds one file's indexing work whatever the character limit; over it, error_parsing.
-    knowledge_max_chunks: int = Field(default=10_000, ge=1)
-    # Address space of the process that parses and chunks a file (its own child of the worker
-    # process, reused across files). A file that needs more ends error_parsing; higher lets
-    # heavier PDFs through, but every worker process may hold this much more while it parses.
-    knowledge_parse_memory_mb: int = Field(default=512, ge=64)
-    # Wall-clock time one file's parse may take (also its CPU limit) before the parser is killed
-    # and the file ends error_parsing. Longer admits slower PDFs; a hostile one holds a task slot
-    # and a core this long.
-    knowledge_parse_seconds: float = Field(default=120.0, gt=0, allow_inf_nan=False)
 
     # Lease: how long an owner may stay silent before another worker may recover its task.
     # Shorter recovers faster after a crash; longer tolerates longer GC/IO stalls and costs fewer

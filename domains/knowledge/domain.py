@@ -16,6 +16,7 @@ DOMAIN = Domain(
     },
     ui="domains.knowledge.routes_ui:UI",
     metadata="domains.knowledge.model",
+    settings="domains.knowledge.settings:KnowledgeSettings",
     readiness={
         "milvus": "domains.knowledge.routes:milvus_ready",
         "object_store": "domains.knowledge.routes:object_store_ready",

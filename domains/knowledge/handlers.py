@@ -21,6 +21,7 @@ from domains.knowledge.errors import CollectionMissing, ObjectMissing, StoreErro
 from domains.knowledge.model import ERROR_INDEXING, ERROR_PARSING, INDEXED, INDEXING, PARSED, PARSING
 from domains.knowledge.parse_process import ParseLimits, parse_file
 from domains.knowledge.parsing import ParseError
+from domains.knowledge.settings import get_knowledge_settings
 from domains.knowledge.storage import object_key
 from domains.knowledge.stores import KnowledgeStores, stores_for
 from domains.knowledge.vectors import BaseIndex
@@ -150,7 +151,7 @@ async def index_file(ctx: TaskContext, stores: KnowledgeStores, file_id: str) ->
             return await fail(ERROR_PARSING, "the uploaded original is missing from the object store")
     ctx.raise_if_cancelled()
     try:
-        texts = await parse_file(data, row["file_type"], ParseLimits.from_settings(Settings()))
+        texts = await parse_file(data, row["file_type"], ParseLimits.from_settings(get_knowledge_settings()))
     except ParseError as exc:
         return await fail(ERROR_PARSING, str(exc))
     chunk_ids = [f"{file_id}-{seq}" for seq in range(len(texts))]

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from domains.knowledge.parsing import LimitExceeded, ParseError
 
 if TYPE_CHECKING:
-    from tasks_core.settings import Settings
+    from domains.knowledge.settings import KnowledgeSettings
 
 MODULE = "domains.knowledge.parse_child"
 # A warm child costs a Python process's memory while it waits; one unused this long is stopped.
@@ -44,7 +44,7 @@ class ParseLimits:
     seconds: float
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ParseLimits:
+    def from_settings(cls, settings: KnowledgeSettings) -> ParseLimits:
         return cls(
             max_chars=settings.knowledge_max_chars,
             max_chunks=settings.knowledge_max_chunks,

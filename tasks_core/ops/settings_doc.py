@@ -1,19 +1,24 @@
-"""The README's settings table, generated from the ``Settings`` class so the two cannot drift.
+"""The README's settings table, generated from the settings classes so the two cannot drift.
 
-Each row is a field: its ``DTASK_*`` variable, its default, and its ``Field(description=…)`` or
-else the comment written right above it in ``tasks_core/settings.py``. Regenerate with
-``scripts/settings-table``.
+Each row is a field of the runtime's ``Settings``, then of each domain's settings class (its
+``Domain.settings``): its ``DTASK_*`` variable, its default, and its ``Field(description=…)`` or
+else the comment written right above it in the class. Regenerate with ``scripts/settings-table``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
+from pydantic import AliasChoices
+from pydantic_settings import BaseSettings
+
+from tasks_core.domain import load_domains
 from tasks_core.settings import Settings
 
 START = "<!-- settings table: generated from tasks_core/settings.py by scripts/settings-table -->"
@@ -22,11 +27,11 @@ _FIELD = re.compile(r"^    (\w+)\s*:")
 _COMMENT = re.compile(r"^    #\s?(.*)$")
 
 
-def _comments() -> dict[str, str]:
+def _comments(cls: type[BaseSettings]) -> dict[str, str]:
     """Field name -> the comment lines just above it, joined."""
     found: dict[str, str] = {}
     pending: list[str] = []
-    for line in inspect.getsource(Settings).splitlines():
+    for line in inspect.getsource(cls).splitlines():
         comment, field = _COMMENT.match(line), _FIELD.match(line)
         if comment:
             pending.append(comment.group(1).strip())
@@ -47,12 +52,33 @@ def default_text(value: Any) -> str:
     return f"`{value}`" if isinstance(value, str) else str(value)
 
 
+def settings_classes() -> list[type[BaseSettings]]:
+    """The runtime's Settings, then each domain's settings class, in the domains' order."""
+    found: list[type[BaseSettings]] = [Settings]
+    for domain in load_domains():
+        if domain.settings:
+            module, _, attr = domain.settings.partition(":")
+            found.append(getattr(importlib.import_module(module), attr))
+    return found
+
+
+def variable(cls: type[BaseSettings], name: str) -> str:
+    """The environment variable a field is read from: its alias if it has one, else prefix + name."""
+    alias = cls.model_fields[name].validation_alias
+    if isinstance(alias, str):
+        return alias.upper()
+    if isinstance(alias, AliasChoices) and isinstance(alias.choices[0], str):
+        return alias.choices[0].upper()
+    return f"{cls.model_config.get('env_prefix', '')}{name}".upper()
+
+
 def render() -> str:
-    comments = _comments()
     rows = ["| variable | default | what it does |", "|---|---|---|"]
-    for name, field in Settings.model_fields.items():
-        why = (field.description or comments.get(name, "")).replace("|", "\\|")
-        rows.append(f"| `DTASK_{name.upper()}` | {default_text(field.default)} | {why} |")
+    for cls in settings_classes():
+        comments = _comments(cls)
+        for name, field in cls.model_fields.items():
+            why = (field.description or comments.get(name, "")).replace("|", "\\|")
+            rows.append(f"| `{variable(cls, name)}` | {default_text(field.default)} | {why} |")
     return "\n".join(rows)
 
 

@@ -15,6 +15,7 @@ from domains.knowledge.chunking import chunk_text
 from domains.knowledge.hostile import many_operators_bomb, one_operator_bomb, slow_pdf
 from domains.knowledge.parse_process import MODULE
 from domains.knowledge.parsing import extract_text
+from domains.knowledge.settings import KnowledgeSettings
 from tasks_core.settings import Settings
 from tests.knowledge_helpers import ALICE, create_base, file_row, knowledge_api, make_pdf, upload
 from tests.system.conftest import LEASE_SECONDS, Cluster, Proc, wait_for
@@ -71,6 +72,7 @@ async def test_amplifying_pdfs_and_a_16_mb_line_end_error_parsing_quickly_in_bou
     worker = cluster.start_worker(concurrency=3, **knowledge_stores)
     await cluster.wait_worker_ready(worker)
     settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    limits = KnowledgeSettings(_env_file=None)  # type: ignore[call-arg]
     async with knowledge_api() as (client, svc):
         base = await create_base(client)
         files = [
@@ -95,9 +97,9 @@ async def test_amplifying_pdfs_and_a_16_mb_line_end_error_parsing_quickly_in_bou
         rows = await wait_for(all_failed, within=60, interval=0.05, what="every file to end error_parsing")
         elapsed = time.monotonic() - started
         print(f"3 hostile files error_parsing in {elapsed:.1f} s; worker tree RSS peak {peak / 2**20:.0f} MB")
-        chars = f"limit of {settings.knowledge_max_chars:,} characters (DTASK_KNOWLEDGE_MAX_CHARS)"
+        chars = f"limit of {limits.knowledge_max_chars:,} characters (DTASK_KNOWLEDGE_MAX_CHARS)"
         assert [row["error_message"] for row in rows] == [
-            f"the parser ran out of its {settings.knowledge_parse_memory_mb} MB memory limit "
+            f"the parser ran out of its {limits.knowledge_parse_memory_mb} MB memory limit "
             "(DTASK_KNOWLEDGE_PARSE_MEMORY_MB)",
             f"the file's text is longer than the {chars}",
             f"the file's text is longer than the {chars}",

@@ -10,6 +10,7 @@ from domains.knowledge.hostile import many_operators_bomb
 from domains.knowledge.parse_child import parse
 from domains.knowledge.parse_process import ParseLimits
 from domains.knowledge.parsing import LimitExceeded, ParseError, extract_text
+from domains.knowledge.settings import KnowledgeSettings
 from tasks_core.settings import Settings
 from tests.knowledge_helpers import make_pdf
 
@@ -17,7 +18,7 @@ from tests.knowledge_helpers import make_pdf
 def test_the_defaults_refuse_a_16_mb_one_line_text_by_its_characters() -> None:
     settings = Settings(_env_file=None)  # type: ignore[call-arg]
     line = b"x" * settings.max_upload_bytes  # the largest file an upload accepts, one line
-    limits = ParseLimits.from_settings(settings)
+    limits = ParseLimits.from_settings(KnowledgeSettings(_env_file=None))  # type: ignore[call-arg]
     assert limits.max_chars < len(line)
     with pytest.raises(LimitExceeded) as caught:
         parse(line, "txt", limits.max_chars, limits.max_chunks)
