@@ -21,7 +21,10 @@ from pydantic_settings import BaseSettings
 from tasks_core.domain import load_domains
 from tasks_core.settings import Settings
 
-START = "<!-- settings table: generated from tasks_core/settings.py and each domain's settings by scripts/settings-table -->"
+START = (
+    "<!-- settings table: generated from tasks_core/settings.py and each domain's settings"
+    " by scripts/settings-table -->"
+)
 END = "<!-- end of settings table -->"
 _FIELD = re.compile(r"^    (\w+)\s*:")
 _COMMENT = re.compile(r"^    #\s?(.*)$")
