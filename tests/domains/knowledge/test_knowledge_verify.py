@@ -18,6 +18,7 @@ from domains.knowledge import verify as verifier
 from domains.knowledge.catalog import new_id
 from domains.knowledge.stores import stores_for
 from tasks_core.ops.cli import cli
+from tasks_core.settings import get_settings
 from tests.knowledge_helpers import (
     create_base,
     file_row,
@@ -39,6 +40,9 @@ def _vectors(n: int) -> list[list[float]]:
 
 
 def dtask(*args: str) -> Any:
+    # The command reads this process's settings, cached by whichever test first asked for them:
+    # read them afresh, with the stores the session exported since.
+    get_settings.cache_clear()
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
@@ -89,7 +93,7 @@ async def test_the_verifier_finds_each_disagreement_and_repair_restores_agreemen
         # The same, from the operator's command (no repair: exit 1, nothing changed). The command
         # runs its own event loop, so it gets a thread of its own here.
         out = await asyncio.to_thread(dtask, "kb", "verify", base, "--json")
-        assert out.exit_code == 1, out.output
+        assert out.exit_code == 1 and out.stdout, out.output  # no report: the error says why
         assert {v["file_id"] for v in json.loads(out.stdout)["bases"][0]["problems"]} == set(problems)
         assert vector_count(milvus, base, lost_vectors) == 0  # nothing repaired yet
 
