@@ -39,7 +39,10 @@ IN_PROGRESS = (UPLOADED, PARSING, PARSED, INDEXING)
 # States that bind the row to one attempt (an upload waits for its task's first claim).
 ATTEMPT_BOUND = (PARSING, PARSED, INDEXING)
 ERRORS = (ERROR_PARSING, ERROR_INDEXING)
-FILE_TYPES = ("txt", "md", "html", "pdf")
+# "other": a file of no supported type, kept (so one bad file never refuses its upload) and ended
+# error_parsing with the reason.
+OTHER = "other"
+FILE_TYPES = ("txt", "md", "html", "pdf", "rst", "docx", "csv", "json", OTHER)
 
 
 knowledge_bases = Table(
@@ -66,6 +69,8 @@ knowledge_files = Table(
     Column("status", String(32), nullable=False, server_default=UPLOADED),
     Column("error_message", Text, nullable=True),
     Column("chunk_count", Integer, nullable=False, server_default="0"),
+    # sha256 of the uploaded bytes: the same content uploaded to a base again is the same file.
+    Column("content_hash", String(64), nullable=True),
     # The task that owns the row now; a pruned task leaves the file (and its last verdict) alone.
     Column("task_id", UUID(as_uuid=True), ForeignKey("tasks.id", ondelete="SET NULL"), nullable=True),
     # The attempt that moved it into its current in-progress state.
@@ -87,6 +92,8 @@ Index(
     knowledge_files.c.file_id,
 )
 Index("ix_knowledge_files_task", knowledge_files.c.task_id)
+# One file per content in a base; concurrent uploads of the same bytes race on this, not on a read.
+Index("uq_knowledge_files_kb_hash", knowledge_files.c.kb_id, knowledge_files.c.content_hash, unique=True)
 
 # The texts search answers with. Milvus holds their vectors under the same chunk_id; a vector
 # whose chunk row is gone (a deleted file, a crashed attempt's leftovers) never reaches a user.
