@@ -6,17 +6,22 @@ runs worker, beat, the API and Flower, and prints the banner once every child an
 check. A crashed child is restarted with backoff; SIGINT, SIGTERM and SIGHUP stop everything.
 
 Ports and the session API key are kept per data directory (``dev.json``) and the CLI environment
-is written to ``<data-dir>/env``, so a shell that sourced it stays right across restarts.
+(servers, API URL and key) is written to ``<data-dir>/env``, so a shell that sourced it stays right
+across restarts. One `dtask dev` runs per data directory (``dev.lock``); every process it starts
+carries the directory in DTASK_DEV_DIR, so what a killed one left running (holding the kept ports
+and the servers' data) is found and stopped by the next start.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import secrets
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -42,6 +47,10 @@ from tasks_core.devkit.supervisor import (
 from tasks_core.settings import Settings
 
 DEV_DATABASE = "dtask"
+# Marks every process of a stack with its data directory (inherited by the children's children).
+DEV_DIR_VAR = "DTASK_DEV_DIR"
+# A leftover worker gets its shutdown grace period; servers flush on SIGTERM.
+LEFTOVER_STOP_SECONDS = 30.0
 READY_TIMEOUT = 120.0  # first start of a worker on a slow machine; a healthy one takes a few seconds
 PROBE_TIMEOUT = 2.0
 POLICY = RestartPolicy()
@@ -84,6 +93,65 @@ def _write_env_file(path: Path, exports: dict[str, str], root: Path) -> None:
     lines = [f"# `dtask dev` on {root}: `source` this file to point the CLI at that stack"]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in exports.items()]
     write_private(path, "\n".join(lines) + "\n")
+
+
+# --------------------------------------------------------------------------------------------- one stack
+
+
+def _hold(root: Path) -> Any | None:
+    """The data directory's lock, held until this process exits; None while another `dtask dev`
+    holds it."""
+    root.mkdir(parents=True, exist_ok=True)
+    handle = (root / "dev.lock").open("a")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
+def _leftovers(root: Path) -> list[Any]:
+    """Processes of an earlier stack on ``root`` that outlived it (its `dtask dev` was killed)."""
+    import psutil
+
+    mine = {os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))}
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid in mine:
+            continue
+        with contextlib.suppress(psutil.Error, OSError):  # another user's, or gone meanwhile
+            if proc.environ().get(DEV_DIR_VAR) == str(root) or _logs_to(proc.pid, root / "logs"):
+                found.append(proc)
+    return found
+
+
+def _logs_to(pid: int, logs: Path) -> bool:
+    # Servers that rewrite their process title (Redis, PostgreSQL) overwrite the environment
+    # psutil reads; their output still goes to a log of the stack (Linux: /proc).
+    with contextlib.suppress(OSError):
+        return Path(os.readlink(f"/proc/{pid}/fd/1")).parent == logs
+    return False
+
+
+def _stop_leftovers(root: Path) -> None:
+    import psutil
+
+    procs = _leftovers(root)
+    if not procs:
+        return
+    _say(f"stopping {len(procs)} process(es) left by an earlier `dtask dev` on {root}")
+    for proc in procs:
+        # Only the processes it started (each leads its own session) are asked: they stop their
+        # own children in order. SIGINT is every one's clean stop (milvus-lite's only one).
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getsid(proc.pid) == proc.pid:
+                proc.send_signal(signal.SIGINT)
+    _, alive = psutil.wait_procs(procs, timeout=LEFTOVER_STOP_SECONDS)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=5)
 
 
 # --------------------------------------------------------------------------------------------- sources
@@ -401,6 +469,14 @@ def _child_env(stack: Stack, settings: Settings) -> dict[str, str]:
     return env
 
 
+def _client_exports(settings: Settings, state: DevState, api_port: int) -> dict[str, str]:
+    """What the HTTP clients (the domain CLIs) need: the API, and the key unless you set your own."""
+    exports = {"DTASK_API_URL": f"http://127.0.0.1:{api_port}"}
+    if not settings.api_keys:
+        exports["DTASK_API_KEY"] = state.api_key
+    return exports
+
+
 def run_dev(
     settings: Settings,
     *,
@@ -414,6 +490,12 @@ def run_dev(
     if taken:
         _say(taken)
         return 2
+    lock = _hold(root)
+    if lock is None:
+        _say(f"another `dtask dev` runs on {root}: stop it first, or pass --data-dir")
+        return 2
+    _stop_leftovers(root)
+    os.environ[DEV_DIR_VAR] = str(root)  # every process started from here on inherits it
     state = DevState.load(root)
     sources = {b.var: _source(b.var, b.setting(settings), state) for b in BACKING}
     sources["DTASK_REDIS_URL"] = _source("DTASK_REDIS_URL", _explicit_redis_url(settings), state)
@@ -428,7 +510,7 @@ def run_dev(
     try:
         _start_servers(sup, stack)
         previous = dict(state.exports)
-        state.exports = dict(stack.urls)
+        state.exports = dict(stack.urls) | _client_exports(settings, state, api_port)
         state.save()
         _write_env_file(root / "env", state.exports, root)
         env = _child_env(stack, settings)

@@ -299,6 +299,37 @@ def test_dev_restarts_killed_servers_and_worker_on_their_ports_and_everything_st
     assert d.survivors() == []
 
 
+def test_dev_killed_outright_leaves_nothing_that_moves_its_ports(
+    dev: list[Dev], tmp_path: Path, data_dir: Path
+) -> None:
+    """SIGKILL gives `dtask dev` no chance to stop its children: the next start on the data
+    directory stops what the killed one left, then every server is back on its kept port; and
+    the CLI environment it writes is all the domain CLIs need."""
+    d = Dev(tmp_path, data_dir)
+    dev.append(d)
+    first = d.banner()
+    left = d.remember_processes()
+    d.proc.kill()
+    d.proc.wait()
+    assert all(p.is_running() for p in left)  # orphans, holding every port
+    again = Dev(tmp_path, data_dir)
+    dev.append(again)
+    banner = again.banner()
+    for field in ("postgres", "redis", "milvus", "s3", "key"):
+        assert banner[field] == first[field], (field, banner, first)
+    assert "left by an earlier `dtask dev`" in again.output(), again.output()
+    assert [p.pid for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+    env = _exported(data_dir)
+    assert env["DTASK_API_URL"] == banner["api"] and env["DTASK_API_KEY"] == banner["key"]
+    out = subprocess.run(
+        [sys.executable, "-m", "domains.knowledge.cli", "bases"],
+        env=_env(**env), cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    again.stop(signal.SIGINT)
+    assert again.proc.returncode == 0 and again.survivors() == []
+
+
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DTASK_")}
     return env | {"PYTHONPATH": str(ROOT), **extra}
@@ -317,6 +348,23 @@ def test_dev_fails_fast_naming_a_taken_port(tmp_path: Path) -> None:
         )  # fmt: skip
     assert out.returncode == 2, out.stdout + out.stderr
     assert f"port {port}" in out.stderr and "--api-port" in out.stderr, out.stderr
+    assert not (data / "postgres").exists()  # nothing was started
+
+
+def test_dev_refuses_a_data_directory_another_dev_runs_on(tmp_path: Path) -> None:
+    import fcntl
+
+    data = tmp_path / ".dtask"
+    data.mkdir()
+    with (data / "dev.lock").open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running `dtask dev` holds it
+        out = subprocess.run(
+            [sys.executable, "-m", "tasks_core.ops.cli", "dev", "--data-dir", str(data),
+             "--api-port", str(_free_port()), "--flower-port", str(_free_port())],
+            env=_env(), cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "another `dtask dev` runs on" in out.stderr, out.stderr
     assert not (data / "postgres").exists()  # nothing was started
 
 

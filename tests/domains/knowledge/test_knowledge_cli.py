@@ -58,3 +58,22 @@ def test_create_upload_a_folder_watch_and_search(live_api: str, tmp_path: Path) 
     assert "botany" in invoke(live_api, "bases") and "2 indexed" in invoke(live_api, "bases")
     hits = invoke(live_api, "search", base, "spores seeds ferns", "--top-k", "1").splitlines()
     assert len(hits) == 1 and "Ferns reproduce by spores" in hits[0]
+
+
+@pytest.mark.parametrize(
+    ("key", "api", "code", "says"),
+    [
+        ("", None, 2, "no API key"),
+        ("two words", None, 2, "spaces or control characters"),
+        ("not-a-key-of-anyone", None, 1, "401: the API refused the key"),
+        (SECRET, "http://127.0.0.1:9", 1, "cannot reach the API at http://127.0.0.1:9"),
+    ],
+    ids=["missing", "malformed", "wrong", "unreachable"],
+)
+def test_a_missing_wrong_or_unusable_key_or_api_is_one_line_and_an_exit_code(
+    live_api: str, key: str, api: str | None, code: int, says: str
+) -> None:
+    result = CliRunner().invoke(cli, ["bases", "--api", api or live_api, "--key", key])
+    assert result.exit_code == code, result.output
+    assert says in result.output and len(result.output.strip().splitlines()) == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
