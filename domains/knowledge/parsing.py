@@ -2,11 +2,13 @@
 unbounded: the handler runs it in a child process with limits (``parse_process``).
 
 A file that cannot give text raises ``ParseError`` with a message a user can act on; the handler
-stores it in ``error_message`` with the ``error_parsing`` state.
+stores it in ``error_message`` with the ``error_parsing`` state. The libraries of each format are
+imported on its first file, so a child that only ever sees text files never loads them.
 """
 
 from __future__ import annotations
 
+import codecs
 import io
 import logging
 import re
@@ -15,21 +17,36 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+# model.OTHER, the type an upload of no supported type is stored as (importing the model would load
+# SQLAlchemy into the parse process).
+OTHER = "other"
 EXTENSIONS = {
     ".txt": "txt",
     ".text": "txt",
     ".md": "md",
     ".markdown": "md",
+    ".rst": "rst",
+    ".rest": "rst",
     ".html": "html",
     ".htm": "html",
     ".pdf": "pdf",
+    ".docx": "docx",
+    ".csv": "csv",
+    ".json": "json",
 }
+# The originals are stored as uploaded, in whatever encoding they came: no charset is claimed.
 CONTENT_TYPES = {
-    "txt": "text/plain; charset=utf-8",
-    "md": "text/markdown; charset=utf-8",
-    "html": "text/html; charset=utf-8",
+    "txt": "text/plain",
+    "md": "text/markdown",
+    "rst": "text/x-rst",
+    "html": "text/html",
     "pdf": "application/pdf",
+    "docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+    "csv": "text/csv",
+    "json": "application/json",
+    OTHER: "application/octet-stream",
 }
+SUPPORTED = ", ".join(EXTENSIONS)
 
 
 class ParseError(ValueError):
@@ -53,18 +70,34 @@ def file_type_of(filename: str) -> str | None:
 
 
 def extract_text(data: bytes, file_type: str, max_chars: int | None = None) -> str:
-    """The file's text; over ``max_chars`` characters raises ``LimitExceeded`` (a PDF as soon as
-    it passes the limit, not once all of it is extracted)."""
+    """The file's text; over ``max_chars`` characters raises ``LimitExceeded`` (a PDF, a .docx, a
+    CSV or JSON file as soon as it passes the limit, not once all of it is extracted)."""
+    if file_type not in CONTENT_TYPES or file_type == OTHER:
+        raise ParseError(f"this type of file is not supported (supported: {SUPPORTED})")
     if not data:
         raise ParseError("the file is empty")
     if file_type in ("txt", "md"):
-        text = _decode(data)
+        text = decode_text(data)
+    elif file_type == "rst":
+        from domains.knowledge.rst_text import rst_text
+
+        text = rst_text(decode_text(data))
     elif file_type == "html":
-        text = html_text(_decode(data))
+        text = html_text(decode_text(data))
     elif file_type == "pdf":
         text = pdf_text(data, max_chars)
+    elif file_type == "docx":
+        from domains.knowledge.docx_text import docx_text
+
+        text = docx_text(data, max_chars)
+    elif file_type == "csv":
+        from domains.knowledge.data_text import csv_text
+
+        text = csv_text(decode_text(data), max_chars)
     else:
-        raise ParseError(f"unsupported file type {file_type!r}")
+        from domains.knowledge.data_text import json_text
+
+        text = json_text(decode_text(data), max_chars)
     text = text.replace("\x00", "")  # PostgreSQL text cannot hold U+0000
     if max_chars is not None and len(text) > max_chars:
         raise too_long(max_chars)
@@ -73,11 +106,63 @@ def extract_text(data: bytes, file_type: str, max_chars: int | None = None) -> s
     return text
 
 
-def _decode(data: bytes) -> str:
+class Budget:
+    """Characters given so far against ``max_chars``: an extractor whose output can be far larger
+    than its input (a JSON leaf's path, a CSV row's headers) stops at the limit, not after it."""
+
+    def __init__(self, max_chars: int | None) -> None:
+        self.max_chars = max_chars
+        self.used = 0
+
+    def take(self, text: str) -> str:
+        self.used += len(text)
+        if self.max_chars is not None and self.used > self.max_chars:
+            raise too_long(self.max_chars)
+        return text
+
+
+# ------------------------------------------------------------------------------------------------ encodings
+
+_UNICODE_BOMS = (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+# Among encodings that explain the bytes equally well (charset-normalizer ranks them by how
+# garbled and how like a language each decoding reads), the most widely used wins: a short
+# Latin-1 text decodes as well in cp1006 or cp1250 as in Windows-1252, but is far likelier to be
+# the latter (Windows-1252 is also what a "latin-1" label means on the web). Most used first.
+_PREFERRED = ("cp1252", "gb18030", "cp932", "cp1251", "cp949", "big5", "cp1250")
+
+
+def decode_text(data: bytes) -> str:
+    """Text in UTF-8 (with or without a BOM) or, failing that, the encoding charset-normalizer
+    finds likeliest; bytes no encoding explains, or with NUL bytes outside UTF-16/32, are binary."""
     try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ParseError(f"not UTF-8 text (invalid byte at offset {exc.start})") from None
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        pass
+    else:
+        if "\x00" not in text:
+            return text
+    # A NUL byte is how git and grep tell a binary file; only UTF-16/32 text has them, behind a BOM.
+    if b"\x00" in data and not data.startswith(_UNICODE_BOMS):
+        raise _binary()
+    from charset_normalizer import from_bytes
+
+    matches = from_bytes(data)
+    best = matches.best()
+    if best is None:
+        raise _binary()
+    tied = [m for m in matches if (m.chaos, m.coherence) == (best.chaos, best.coherence)]
+    for encoding in _PREFERRED:
+        for match in tied:
+            if encoding in match.could_be_from_charset:
+                try:
+                    return data.decode(encoding)
+                except UnicodeDecodeError:  # the library judged it on samples of the bytes
+                    break
+    return str(best)
+
+
+def _binary() -> ParseError:
+    return ParseError("not a text file (binary data, or text in an encoding that could not be detected)")
 
 
 # ------------------------------------------------------------------------------------------------ HTML

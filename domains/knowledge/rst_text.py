@@ -1,0 +1,83 @@
+"""reStructuredText -> plain text through docutils, the reference parser: its document tree's
+text blocks (titles, paragraphs, list items, literal blocks, a line per table row and per field),
+none of the markup. An uploaded .rst is untrusted: no directive may read a file or a URL, raw
+output is off, and no docutils.conf is read.
+
+A file docutils cannot make sense of still has text: reStructuredText is readable as it is, so
+when docutils fails or finds nothing (a line over its line-length limit, nesting deeper than
+Python's recursion limit) the source itself is the text. Sphinx's roles (``:ref:``, ``:func:``…)
+are unknown to docutils, which keeps them as "problematic" raw text: their title is kept.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+from collections.abc import Iterator
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_SETTINGS = {
+    "file_insertion_enabled": False,  # include, and raw / csv-table with :file: or :url:
+    "raw_enabled": False,
+    "_disable_config": True,
+    "report_level": 5,  # no report is written anywhere
+    "halt_level": 5,  # no error stops the parse: system messages are left out below
+    "warning_stream": io.StringIO(),
+    "traceback": True,  # an exception is raised to us, not turned into sys.exit
+}
+# :role:`title <target>` or :role:`text` as docutils keeps an unknown role.
+_ROLE = re.compile(r"^:[\w.:+-]+:`(?P<text>.*)`$", re.DOTALL)
+_TARGET = re.compile(r"\s*<[^<>]*>$")
+
+
+def rst_text(source: str) -> str:
+    from docutils import nodes
+    from docutils.core import publish_doctree
+
+    try:
+        document = publish_doctree(source, settings_overrides=dict(_SETTINGS))
+        text = "\n\n".join(_blocks(document, nodes))
+    except MemoryError:
+        raise
+    except Exception:
+        log.info("docutils failed on a file; its source is its text", exc_info=True)
+        return source
+    return text if text.strip() else source
+
+
+def _blocks(document: Any, nodes: Any) -> Iterator[str]:
+    """The text of each block element, in document order (iteratively: a tree as deep as docutils
+    could build must not exhaust our stack)."""
+    skip = (nodes.Invisible, nodes.system_message, nodes.raw, nodes.label, nodes.image)
+    stack = [document]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, skip):
+            continue
+        if isinstance(node, nodes.row):
+            cells = (" ".join(_blocks(entry, nodes)) for entry in node.children)
+            yield " | ".join(c for c in cells if c)
+        elif isinstance(node, nodes.field) and len(node.children) == 2:
+            name, body = node.children
+            yield f"{_inline(name, nodes).strip()}: {' '.join(_blocks(body, nodes))}"
+        elif isinstance(node, nodes.TextElement):
+            text = _inline(node, nodes).strip()
+            if text:
+                yield text
+        elif isinstance(node, nodes.Element):
+            stack.extend(reversed(node.children))
+
+
+def _inline(node: Any, nodes: Any) -> str:
+    if isinstance(node, nodes.Text):
+        return str(node)
+    if isinstance(node, nodes.problematic):
+        raw = node.astext()
+        role = _ROLE.match(raw)
+        return _TARGET.sub("", role["text"]).lstrip("~!") if role else raw
+    if isinstance(node, nodes.system_message):
+        return ""
+    return "".join(_inline(child, nodes) for child in node.children)
