@@ -123,12 +123,29 @@ class Budget:
 
 # ------------------------------------------------------------------------------------------------ encodings
 
-_UNICODE_BOMS = (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
-# Among encodings that explain the bytes equally well (charset-normalizer ranks them by how
-# garbled and how like a language each decoding reads), the most widely used wins: a short
-# Latin-1 text decodes as well in cp1006 or cp1250 as in Windows-1252, but is far likelier to be
-# the latter (Windows-1252 is also what a "latin-1" label means on the web). Most used first.
-_PREFERRED = ("cp1252", "gb18030", "cp932", "cp1251", "cp949", "big5", "cp1250")
+# UTF-32's little-endian mark starts with UTF-16's: it is tried first.
+_UNICODE_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
+# The legacy encodings of the WHATWG Encoding Standard (those a browser decodes; "latin-1" there
+# means Windows-1252): what text people have is in. Detection tries them first, and the rest of
+# what charset-normalizer knows (DOS, HP, Mac code pages...) only when none fits: of its 90-odd
+# candidates, an exotic one often reads a short text with a hair less "mess" than the right one.
+_COMMON = (
+    "cp1252", "cp1250", "cp1251", "cp1253", "cp1254", "cp1255", "cp1256", "cp1257", "cp1258",
+    "iso8859_2", "iso8859_3", "iso8859_4", "iso8859_5", "iso8859_6", "iso8859_7", "iso8859_8",
+    "iso8859_10", "iso8859_13", "iso8859_14", "iso8859_15", "iso8859_16", "cp866", "cp874",
+    "koi8_r", "koi8_u", "mac_roman", "mac_cyrillic", "gb18030", "gbk", "big5", "euc_jp",
+    "iso2022_jp", "shift_jis", "euc_kr",
+)  # fmt: skip
+# Decodings this close in mess ratio (charset-normalizer's measure of how garbled a decoding
+# reads, 0 to 1) are told apart by noise on a short text: among them the most widely used
+# encoding wins (a short French text reads as well in cp1250 as in Windows-1252). Most used first.
+_CLOSE = 0.02
+_PREFERRED = ("cp1252", "gb18030", "shift_jis", "cp1251", "euc_kr", "big5", "cp1250")
 
 
 def decode_text(data: bytes) -> str:
@@ -141,18 +158,26 @@ def decode_text(data: bytes) -> str:
     else:
         if "\x00" not in text:
             return text
+    for bom, encoding in _UNICODE_BOMS:
+        if data.startswith(bom):
+            try:
+                return data.decode(encoding)  # the codec reads the mark and drops it
+            except UnicodeDecodeError:
+                raise _binary() from None
     # A NUL byte is how git and grep tell a binary file; only UTF-16/32 text has them, behind a BOM.
-    if b"\x00" in data and not data.startswith(_UNICODE_BOMS):
+    if b"\x00" in data:
         raise _binary()
     from charset_normalizer import from_bytes
 
-    matches = from_bytes(data)
+    matches = from_bytes(data, cp_isolation=list(_COMMON))
+    if matches.best() is None:
+        matches = from_bytes(data)
     best = matches.best()
     if best is None:
         raise _binary()
-    tied = [m for m in matches if (m.chaos, m.coherence) == (best.chaos, best.coherence)]
+    close = [m for m in matches if m.chaos <= best.chaos + _CLOSE]
     for encoding in _PREFERRED:
-        for match in tied:
+        for match in close:
             if encoding in match.could_be_from_charset:
                 try:
                     return data.decode(encoding)
