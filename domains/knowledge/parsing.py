@@ -81,7 +81,12 @@ def extract_text(data: bytes, file_type: str, max_chars: int | None = None) -> s
     elif file_type == "rst":
         from domains.knowledge.rst_text import rst_text
 
-        text = rst_text(decode_text(data))
+        source = decode_text(data)
+        # Its text is no longer than its source but for substitutions, and docutils takes seconds
+        # a megabyte (minutes for the largest upload): a source over the limit is refused first.
+        if max_chars is not None and len(source) > max_chars:
+            raise too_long(max_chars)
+        text = rst_text(source)
     elif file_type == "html":
         text = html_text(decode_text(data))
     elif file_type == "pdf":

@@ -14,7 +14,7 @@ from pathlib import Path
 import docx
 import pytest
 
-from domains.knowledge import model, parse_process
+from domains.knowledge import model, parse_process, rst_text
 from domains.knowledge.chunking import chunk_text
 from domains.knowledge.parse_process import ParseLimits, parse_file
 from domains.knowledge.parsing import (
@@ -214,6 +214,20 @@ def test_rst_reads_no_file_and_inserts_no_raw_markup(tmp_path: Path) -> None:
     )
     text = extract_text(source.encode(), "rst")
     assert text == "Visible paragraph."
+
+
+def test_an_rst_source_over_the_character_limit_is_refused_before_docutils_reads_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Docutils takes seconds a megabyte; its text is no longer than the source but for substitutions.
+    source = "Title\n=====\n\n" + "\n\n".join(f"Paragraph {i} about the *lamp*." for i in range(40_000))
+
+    def unread(source: str) -> str:
+        raise AssertionError("docutils was given a source over the limit")
+
+    monkeypatch.setattr(rst_text, "rst_text", unread)
+    with pytest.raises(LimitExceeded, match="limit of 1,000,000 characters"):
+        extract_text(source.encode(), "rst", max_chars=1_000_000)
 
 
 def test_latin1_rst_is_decoded() -> None:
