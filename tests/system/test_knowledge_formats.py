@@ -1,6 +1,6 @@
 """Every document format, and text in legacy encodings, through a real `celery worker`, real Milvus
 (milvus-lite server) and real S3 (SeaweedFS): uploaded to one base, indexed, and each found first by
-words of its own text."""
+words of its own text; hostile Word files end error_parsing at the parse limits."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from sqlalchemy import text
 
 from domains.knowledge.chunking import chunk_text
 from domains.knowledge.parsing import extract_text, file_type_of
+from tests.knowledge_documents import MB, docx_bomb, make_docx
 from tests.knowledge_helpers import (
     ALICE,
     create_base,
@@ -138,3 +139,35 @@ async def test_every_format_and_legacy_encoding_is_indexed_and_found_by_its_own_
         assert "The cormorant colony nests below the lamp room." in station and ":ref:" not in station
         [survey] = await _chunks(svc, ids["survey.docx"])
         assert "narwhal | fjord mouth" in survey
+
+
+async def test_hostile_docx_files_end_error_parsing_at_the_limits_and_the_worker_goes_on(
+    cluster: Cluster, knowledge_stores: dict[str, str]
+) -> None:
+    worker = cluster.start_worker(concurrency=3, DTASK_KNOWLEDGE_PARSE_MEMORY_MB="256", **knowledge_stores)
+    await cluster.wait_worker_ready(worker)
+    files = [
+        ("bomb.docx", docx_bomb(320 * MB)),  # 2.5 MB zipped, 320 MB of XML for python-docx to read
+        ("huge.docx", docx_bomb(24 * MB)),  # within memory, 24 million characters of text
+        ("fine.docx", make_docx()),
+    ]
+    async with knowledge_api() as (client, svc):
+        base = await create_base(client)
+        r = await upload(client, base, files)
+        assert r.status_code == 202, r.text
+        ids = [entry["id"] for entry in r.json()["files"]]
+
+        async def all_done() -> list[dict[str, Any]] | None:
+            assert worker.alive()
+            rows = [await file_row(svc, file_id) for file_id in ids]
+            return rows if all(row["status"] in ("indexed", "error_parsing") for row in rows) else None
+
+        bomb, huge, fine = await wait_for(all_done, within=90, what="every file indexed or error_parsing")
+        assert (bomb["status"], bomb["error_message"]) == (
+            "error_parsing",
+            "the parser ran out of its 256 MB memory limit (DTASK_KNOWLEDGE_PARSE_MEMORY_MB)",
+        )
+        assert huge["status"] == "error_parsing"
+        assert "limit of 4,000,000 characters (DTASK_KNOWLEDGE_MAX_CHARS)" in huge["error_message"]
+        assert fine["status"] == "indexed" and fine["chunk_count"] == 1
+        assert worker.alive()

@@ -11,7 +11,6 @@ import zlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import docx
 import pytest
 
 from domains.knowledge import model, parse_process, rst_text
@@ -27,6 +26,7 @@ from domains.knowledge.parsing import (
     file_type_of,
 )
 from tests.domains.knowledge.test_parse_process import MB, _helpers, _peaks
+from tests.knowledge_documents import docx_bomb, make_docx
 
 LIMITS = ParseLimits(max_chars=4_000_000, max_chunks=10_000, memory_mb=256, seconds=60)
 PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x01\x00"
@@ -238,26 +238,6 @@ def test_latin1_rst_is_decoded() -> None:
 # ------------------------------------------------------------------------------------------------ docx
 
 
-def make_docx() -> bytes:
-    document = docx.Document()
-    document.add_heading("Keeper handbook", level=1)
-    document.add_paragraph("The lamp is lit at dusk.")
-    table = document.add_table(rows=3, cols=3)
-    for col, name in enumerate(["Part", "Material", "Note"]):
-        table.cell(0, col).text = name
-    table.cell(1, 0).text = "lens"
-    table.cell(1, 1).merge(table.cell(1, 2)).text = "glass, merged across two columns"
-    table.cell(2, 0).text = "lamp"
-    inner = table.cell(2, 1).add_table(rows=1, cols=2)
-    inner.cell(0, 0).text = "brass"
-    inner.cell(0, 1).text = "polished"
-    document.add_paragraph("")  # an empty paragraph gives no block
-    document.add_paragraph("After the table: café, 灯塔.")
-    out = io.BytesIO()
-    document.save(out)
-    return out.getvalue()
-
-
 def test_docx_gives_paragraphs_and_table_cells_in_document_order() -> None:
     assert extract_text(make_docx(), "docx") == (
         "Keeper handbook\n\n"
@@ -295,27 +275,6 @@ def _replace(data: bytes, name: str, content: bytes) -> bytes:
 def test_a_damaged_docx_says_why(data: bytes, why: str) -> None:
     with pytest.raises(ParseError, match=rf"^not a readable \.docx file.*{why}"):
         extract_text(data, "docx")
-
-
-def docx_bomb(expanded: int, paragraph: bytes = b"lamp " * 200) -> bytes:
-    """A .docx whose document part inflates to ``expanded`` bytes of paragraphs (a few MB zipped)."""
-    template = zipfile.ZipFile(io.BytesIO(make_docx()))
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as z:
-        for info in template.infolist():
-            if info.filename != "word/document.xml":
-                z.writestr(info, template.read(info))
-        block = b"<w:p><w:r><w:t>" + paragraph + b"</w:t></w:r></w:p>"
-        block *= MB // len(block)
-        with z.open("word/document.xml", "w", force_zip64=True) as part:
-            part.write(
-                b'<?xml version="1.0" encoding="UTF-8" standalone="yes"?><w:document xmlns:w='
-                b'"http://schemas.openxmlformats.org/wordprocessingml/2006/main"><w:body>'
-            )
-            for _ in range(expanded // len(block)):
-                part.write(block)
-            part.write(b"</w:body></w:document>")
-    return out.getvalue()
 
 
 def test_a_docx_with_more_text_than_the_limit_stops_at_it() -> None:
