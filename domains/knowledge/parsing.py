@@ -172,6 +172,8 @@ def decode_text(data: bytes) -> str:
     # A NUL byte is how git and grep tell a binary file; only UTF-16/32 text has them, behind a BOM.
     if b"\x00" in data:
         raise _binary()
+    if (damaged := _mostly_utf8(data)) is not None:
+        return damaged
     from charset_normalizer import from_bytes
 
     matches = from_bytes(data, cp_isolation=list(_COMMON))
@@ -189,6 +191,16 @@ def decode_text(data: bytes) -> str:
                 except UnicodeDecodeError:  # the library judged it on samples of the bytes
                     break
     return str(best)
+
+
+def _mostly_utf8(data: bytes) -> str | None:
+    """UTF-8 with a few invalid bytes (a stray Latin-1 byte in a UTF-8 file), each read as U+FFFD:
+    at least four valid multi-byte characters for each invalid sequence. Legacy text decodes to
+    almost none (an 8-bit letter is rarely followed by what UTF-8 takes as its continuation)."""
+    text = data.decode("utf-8", errors="replace")
+    invalid = text.count("\ufffd")
+    valid = len(text) - len(text.encode("ascii", errors="ignore")) - invalid
+    return text if valid >= 4 * invalid else None
 
 
 def _binary() -> ParseError:

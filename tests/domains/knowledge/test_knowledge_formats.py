@@ -74,6 +74,11 @@ def test_gb18030_text_is_decoded_four_byte_characters_included() -> None:
     assert extract_text(data, "txt") == CHINESE
 
 
+def test_utf8_with_a_stray_byte_stays_utf8() -> None:
+    utf8 = ("Le café est fermé, 灯塔看守人的日志 — naïve. " * 5).encode()
+    assert extract_text(utf8 + b"a stray \xe9 byte", "txt") == utf8.decode() + "a stray \ufffd byte"
+
+
 # Short texts, where detection is hardest: charset-normalizer's own best guess was wrong for 12 of
 # 24 such texts (these among them); the common encodings first and the tie-break fix 8 of them.
 @pytest.mark.parametrize(
