@@ -6,7 +6,10 @@ output is off, and no docutils.conf is read.
 A file docutils cannot make sense of still has text: reStructuredText is readable as it is, so
 when docutils fails or finds nothing (a line over its line-length limit, nesting deeper than
 Python's recursion limit) the source itself is the text. Sphinx's roles (``:ref:``, ``:func:``…)
-are unknown to docutils, which keeps them as "problematic" raw text: their title is kept.
+are unknown to docutils, which keeps them as "problematic" raw text: their title is kept. So are
+its directives, which docutils replaces by an error holding their source: their content is read
+as reStructuredText in turn (``seealso``, ``versionadded``, ``glossary``, ``only``…), but for a
+``toctree``'s, which lists file names.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import io
 import logging
 import re
+import textwrap
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,15 +35,15 @@ _SETTINGS = {
 # :role:`title <target>` or :role:`text` as docutils keeps an unknown role.
 _ROLE = re.compile(r"^:[\w.:+-]+:`(?P<text>.*)`$", re.DOTALL)
 _TARGET = re.compile(r"\s*<[^<>]*>$")
+_UNKNOWN_DIRECTIVE = re.compile(r'^Unknown directive type "(?P<name>[^"]+)"')
+_NO_TEXT_DIRECTIVES = frozenset({"toctree"})
 
 
 def rst_text(source: str) -> str:
     from docutils import nodes
-    from docutils.core import publish_doctree
 
     try:
-        document = publish_doctree(source, settings_overrides=dict(_SETTINGS))
-        text = "\n\n".join(_blocks(document, nodes))
+        text = "\n\n".join(_render(source, nodes))
     except MemoryError:
         raise
     except Exception:
@@ -48,14 +52,23 @@ def rst_text(source: str) -> str:
     return text if text.strip() else source
 
 
+def _render(source: str, nodes: Any) -> Iterator[str]:
+    from docutils.core import publish_doctree
+
+    yield from _blocks(publish_doctree(source, settings_overrides=dict(_SETTINGS)), nodes)
+
+
 def _blocks(document: Any, nodes: Any) -> Iterator[str]:
     """The text of each block element, in document order (iteratively: a tree as deep as docutils
     could build must not exhaust our stack)."""
-    skip = (nodes.Invisible, nodes.system_message, nodes.raw, nodes.label, nodes.image)
+    skip = (nodes.Invisible, nodes.raw, nodes.label, nodes.image)
     stack = [document]
     while stack:
         node = stack.pop()
         if isinstance(node, skip):
+            continue
+        if isinstance(node, nodes.system_message):
+            yield from _unknown_directive(node, nodes)
             continue
         if isinstance(node, nodes.row):
             cells = (" ".join(_blocks(entry, nodes)) for entry in node.children)
@@ -81,3 +94,19 @@ def _inline(node: Any, nodes: Any) -> str:
     if isinstance(node, nodes.system_message):
         return ""
     return "".join(_inline(child, nodes) for child in node.children)
+
+
+def _unknown_directive(message: Any, nodes: Any) -> Iterator[str]:
+    """The blocks of the content of a directive docutils does not know (from the error it left in
+    its place, which holds the directive's source); nothing for any other message."""
+    if len(message.children) != 2:
+        return
+    said, source = message.children
+    unknown = _UNKNOWN_DIRECTIVE.match(said.astext())
+    if not unknown or unknown["name"] in _NO_TEXT_DIRECTIVES or not isinstance(source, nodes.literal_block):
+        return
+    lines = source.astext().splitlines()[1:]  # after ".. name:: arguments"
+    while lines and lines[0].strip().startswith(":"):  # its options
+        lines.pop(0)
+    if content := textwrap.dedent("\n".join(lines)).strip():
+        yield from _render(content, nodes)

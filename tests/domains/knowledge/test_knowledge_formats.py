@@ -190,6 +190,22 @@ def test_rst_gives_its_text_without_markup_directives_and_tables_included() -> N
     )
 
 
+def test_rst_keeps_the_content_of_sphinx_directives_docutils_does_not_know() -> None:
+    source = (
+        "Intro.\n\n"
+        ".. versionadded:: 1.2\n   The *albatross* option.\n\n"
+        ".. glossary::\n   :sorted:\n\n   keeper\n      The person who tends the lamp.\n\n"
+        ".. seealso::\n\n   The cormorant chapter, and :func:`trim_wick`.\n\n"
+        ".. only:: html\n\n   Only in HTML: puffin.\n\n   .. tab:: Nested\n\n      Deep *gannet*.\n\n"
+        ".. toctree::\n   :maxdepth: 2\n\n   intro\n   install\n\n"
+        ".. autofunction:: light_lamp\n"
+    )
+    assert extract_text(source.encode(), "rst") == (
+        "Intro.\n\nThe albatross option.\n\nkeeper\n\nThe person who tends the lamp.\n\n"
+        "The cormorant chapter, and trim_wick.\n\nOnly in HTML: puffin.\n\nDeep gannet."
+    )
+
+
 def test_rst_with_errors_still_gives_its_text() -> None:
     broken = (
         "Title\n===\n\n"  # underline too short
