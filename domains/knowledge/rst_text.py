@@ -14,7 +14,6 @@ as reStructuredText in turn (``seealso``, ``versionadded``, ``glossary``, ``only
 
 from __future__ import annotations
 
-import io
 import logging
 import re
 import textwrap
@@ -28,8 +27,8 @@ _SETTINGS = {
     "raw_enabled": False,
     "_disable_config": True,
     "report_level": 5,  # no report is written anywhere
-    "halt_level": 5,  # no error stops the parse: system messages are left out below
-    "warning_stream": io.StringIO(),
+    "halt_level": 5,  # no error stops the parse: its messages in the tree are left out below
+    "warning_stream": False,
     "traceback": True,  # an exception is raised to us, not turned into sys.exit
 }
 # :role:`title <target>` or :role:`text` as docutils keeps an unknown role.
