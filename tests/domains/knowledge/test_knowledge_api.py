@@ -115,9 +115,9 @@ async def test_bad_input_is_refused_with_clear_statuses(knowledge_stores: dict[s
         base = await create_base(client)
         ok = ("ok.txt", b"fine words here")
 
-        r = await upload(client, base, [ok, ("tool.exe", b"MZ\x90\x00"), ("report.docx", b"PK")])
+        r = await upload(client, base, [ok, ("tool.exe", b"MZ\x90\x00"), ("sheet.xlsx", b"PK")])
         assert (
-            r.status_code == 415 and "tool.exe" in r.json()["detail"] and "report.docx" in r.json()["detail"]
+            r.status_code == 415 and "tool.exe" in r.json()["detail"] and "sheet.xlsx" in r.json()["detail"]
         )
         r = await upload(client, base, [ok, ("empty.txt", b"")])
         assert r.status_code == 422 and "empty.txt is empty" in r.json()["detail"][0]["msg"]
@@ -160,7 +160,7 @@ async def test_bad_input_is_refused_with_clear_statuses(knowledge_stores: dict[s
             base,
             [
                 ("blank.txt", b"  \n\n \t "),
-                ("latin.txt", b"caf\xe9 au lait"),
+                ("binary.txt", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"),
                 ("broken.pdf", b"%PDF-1.4\nthis is not a pdf at all"),
                 ("scripts.html", b"<script>only code</script>"),
             ],
@@ -169,7 +169,7 @@ async def test_bad_input_is_refused_with_clear_statuses(knowledge_stores: dict[s
         assert await run_pending(svc) == ["failed"] * 4
         expected = {
             "blank.txt": "no text found",
-            "latin.txt": "not UTF-8",
+            "binary.txt": "not a text file",
             "broken.pdf": "not a readable PDF",
             "scripts.html": "no text found",
         }

@@ -63,6 +63,6 @@ def test_a_file_over_the_chunk_limit_is_refused_naming_it() -> None:
 
 
 def test_unreadable_files_still_say_why() -> None:
-    with pytest.raises(ParseError, match="not UTF-8") as caught:
-        parse(b"\xff\xfebad", "txt", 1000, 100)
+    with pytest.raises(ParseError, match="not a text file") as caught:
+        parse(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "txt", 1000, 100)
     assert not isinstance(caught.value, LimitExceeded)

@@ -16,17 +16,11 @@ from tests.knowledge_helpers import make_pdf
 
 
 def test_file_types_come_from_the_extension() -> None:
-    assert [file_type_of(n) for n in ("a.TXT", "b.md", "c.markdown", "d.htm", "e.html", "f.pdf")] == [
-        "txt",
-        "md",
-        "md",
-        "html",
-        "html",
-        "pdf",
-    ]
-    assert (
-        file_type_of("report.docx") is None and file_type_of(".pdf") is None and file_type_of("pdf") is None
-    )
+    names = ("a.TXT", "b.md", "c.markdown", "d.htm", "e.html", "f.pdf", "g.rst", "h.REST", "i.docx")
+    assert [file_type_of(n) for n in (*names, "j.csv", "k.json")] == [
+        "txt", "md", "md", "html", "html", "pdf", "rst", "rst", "docx", "csv", "json",
+    ]  # fmt: skip
+    assert all(file_type_of(n) is None for n in ("report.doc", "sheet.xlsx", ".pdf", "pdf", "a.json.gz"))
 
 
 def test_html_drops_scripts_styles_and_keeps_blocks_apart() -> None:
@@ -43,7 +37,7 @@ def test_html_drops_scripts_styles_and_keeps_blocks_apart() -> None:
     [
         (b"", "txt", "empty"),
         (b" \n\t\n", "md", "no text"),
-        (b"\xff\xfe\x00bad", "txt", "not UTF-8"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "txt", "not a text file"),
         (b"<style>x</style><script>y</script>", "html", "no text"),
         (b"%PDF-1.4 truncated", "pdf", "not a readable PDF"),
         (b"not a pdf", "pdf", "not a readable PDF"),
