@@ -23,7 +23,7 @@ import httpx
 import typer
 
 from domains.api_client import Api, Key, connect, ok
-from domains.knowledge.parsing import file_type_of
+from domains.knowledge.parsing import SUPPORTED, file_type_of
 
 if TYPE_CHECKING:
     from domains.knowledge.verify import Report
@@ -70,10 +70,11 @@ def upload(
     api: Api = "http://127.0.0.1:8000",
     key: Key = "",
 ) -> None:
-    """Upload .txt, .md, .html and .pdf files; each batch is one request (one transaction)."""
+    """Upload the documents among PATHS (.txt .md .rst .html .pdf .docx .csv .json; other files are
+    skipped); each batch is one request (one transaction)."""
     found, skipped = _documents(paths)
     for path in skipped:
-        typer.echo(f"skipped (not .txt/.md/.html/.pdf): {path}", err=True)
+        typer.echo(f"skipped (not one of {SUPPORTED}): {path}", err=True)
     with connect(api, key, timeout=300) as client:
         for start in range(0, len(found), batch):
             group = found[start : start + batch]
