@@ -31,8 +31,9 @@ from fastapi.routing import APIRoute
 from app.auth import BodyRoute, Principal
 from app.dependencies import Caller, Svc
 from domains.knowledge import catalog, reindexing
+from domains.knowledge.attempts import attempt_of
 from domains.knowledge.errors import CollectionMissing, StoreError
-from domains.knowledge.model import FILE_TYPES, IN_PROGRESS, OTHER
+from domains.knowledge.model import FILE_TYPES, OTHER
 from domains.knowledge.parsing import CONTENT_TYPES, file_type_of
 from domains.knowledge.schemas import (
     ID,
@@ -53,6 +54,7 @@ from domains.knowledge.schemas import (
 from domains.knowledge.storage import object_key
 from domains.knowledge.stores import KnowledgeStores, milvus_fact, object_store_fact, stores_for
 from domains.knowledge.tasks import INGEST
+from tasks_core.registry import Registry
 from tasks_core.services import Services
 from tasks_core.settings import Settings
 from tasks_core.submission import InvalidTask, Submitter, TaskIntent
@@ -134,19 +136,7 @@ def _base_view(row: dict[str, Any], counts: dict[str, int] | None = None) -> dic
     }
 
 
-def attempt_of(row: dict[str, Any], registry: Any) -> tuple[int, int] | None:
-    """(attempt, max_attempts) of the task working on a file in progress: the attempt running it,
-    or while the task waits (for its first claim, or its backoff after a lost attempt) the next one.
-    None when no task is working on it. The dashboard shows the same."""
-    if row["status"] not in IN_PROGRESS or row.get("task_status") not in ("pending", "running"):
-        return None
-    spec = registry.get(row["task_type"])
-    attempts = int(row["task_attempts"] or 0)
-    current = attempts if row["task_status"] == "running" else attempts + 1
-    return current, spec.max_attempts if spec is not None else current
-
-
-def _file_view(row: dict[str, Any], registry: Any) -> dict[str, Any]:
+def _file_view(row: dict[str, Any], registry: Registry) -> dict[str, Any]:
     attempt = attempt_of(row, registry)
     return {
         "id": row["file_id"],
