@@ -72,6 +72,11 @@ PUT_CONCURRENCY = 8
 SEARCH_SLACK = 10
 MAX_SEARCH_FETCH = 410
 RETRY_AFTER = {"Retry-After": "5"}
+# The types a file may have (by its name's extension); a file of none is kept as "other".
+SUPPORTED = tuple(t for t in FILE_TYPES if t != OTHER)
+# How often a file whose content another upload already has is looked for again, should that
+# other file be deleted between our insert and our look (then ours is new after all).
+CONTENT_RACE_TRIES = 3
 
 
 def _err(description: str, model: type = KnowledgeError) -> dict[str, Any]:
@@ -236,13 +241,21 @@ async def delete_base(base_id: BaseId, caller: Caller, svc: Svc, stores: Stores)
 # ------------------------------------------------------------------------------------------------ files
 
 
+async def _multipart(request: Request) -> None:
+    """Before the body is looked at: an upload that is not multipart is refused as a whole."""
+    if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
+        raise HTTPException(415, "send the files as multipart/form-data, in the field `files`")
+
+
 @router.post(
     "/bases/{base_id}/files",
     status_code=202,
     response_model=UploadOut,
+    dependencies=[Depends(_multipart)],
     responses={
         **COMMON,
         413: _err("The whole request is over DTASK_MAX_UPLOAD_REQUEST_BYTES"),
+        415: _err("The request is not multipart/form-data"),
         **QUOTA,
     },
 )
@@ -304,12 +317,6 @@ async def upload_files(
     # broker could not be reached (the publisher sends them later).
     published = all(r.publish_error is None for r in tx.results)
     return {"files": [e.ref() for e in entries], "published": published}
-
-
-SUPPORTED = tuple(t for t in FILE_TYPES if t != OTHER)
-# How often a file whose content another upload already has is looked for again, should that
-# other file be deleted between our insert and our look (then ours is new after all).
-_CONTENT_RACE_TRIES = 3
 
 
 @dataclass(eq=False)
@@ -378,7 +385,7 @@ async def _record(tx: Any, base_id: str, entries: list[_Entry]) -> None:
             first.setdefault(e.content_hash, e)
     waiting = list(first.values())
     new: set[str] = set()
-    for _ in range(_CONTENT_RACE_TRIES):
+    for _ in range(CONTENT_RACE_TRIES):
         inserted = await catalog.insert_new_contents(
             conn, [_row(base_id, e, content_hash=e.content_hash) for e in waiting]
         )

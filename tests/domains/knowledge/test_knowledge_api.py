@@ -123,10 +123,15 @@ async def test_only_the_request_itself_is_refused(knowledge_stores: dict[str, st
         assert r.status_code == 413 and r.json()["detail"] == "request body too large"
         r = await upload(client, base, [(f"f{i}.txt", b"y") for i in range(11)])
         assert r.status_code == 422 and "at most 10 files" in r.json()["detail"][0]["msg"]
-        r = await client.post(f"/knowledge/bases/{base}/files", data={"x": "1"}, headers=ALICE)
-        assert r.status_code == 422  # no files at all
-        r = await client.post(f"/knowledge/bases/{base}/files", content=b"{}", headers=ALICE)
-        assert r.status_code == 422  # not multipart
+        r = await client.post(
+            f"/knowledge/bases/{base}/files", files={"other": ("a.txt", b"x")}, headers=ALICE
+        )
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "files"]  # no files
+        for body, kind in ((b"{}", "application/json"), (b"words", "text/plain")):
+            r = await client.post(
+                f"/knowledge/bases/{base}/files", content=body, headers={**ALICE, "content-type": kind}
+            )
+            assert r.status_code == 415 and "multipart/form-data" in r.json()["detail"], r.text
         # Nothing of the refused requests was stored: no rows, no tasks, no objects.
         assert await scalar(svc, "SELECT count(*) FROM knowledge_files") == 0
         assert await scalar(svc, "SELECT count(*) FROM tasks") == 0
