@@ -517,34 +517,77 @@ async def test_the_same_content_again_is_the_same_file(knowledge_stores: dict[st
 async def test_concurrent_uploads_of_the_same_content_end_as_one_file(
     knowledge_stores: dict[str, str],
 ) -> None:
-    data = b"lighthouse keeper fresnel lantern foghorn beacon " * 50
+    one = b"lighthouse keeper fresnel lantern foghorn beacon " * 50
+    two = b"basalt columnar lava jointing causeway hexagonal " * 50
+
+    def files(i: int) -> list[tuple[str, bytes]]:
+        # Half the requests send the shared files in the other order.
+        shared = [(f"one-{i}.txt", one), (f"two-{i}.txt", two)]
+        return [*(shared if i % 2 else shared[::-1]), (f"own{i}.txt", b"own words %d" % i)]
+
     async with knowledge_api() as (client, svc):
         base = await create_base(client)
-        answers = await asyncio.gather(
-            *(
-                upload(client, base, [(f"copy{i}.txt", data), (f"own{i}.txt", b"own words %d" % i)])
-                for i in range(8)
-            )
-        )
+        answers = await asyncio.gather(*(upload(client, base, files(i)) for i in range(8)))
         assert [a.status_code for a in answers] == [202] * 8, [a.text for a in answers]
-        copies = [a.json()["files"][0] for a in answers]
-        [file_id] = {c["id"] for c in copies}
-        assert sum(1 for c in copies if c.get("duplicate_of") is None) == 1
-        assert all(c["duplicate_of"] == file_id for c in copies if c.get("duplicate_of") is not None)
-        # One row, one task and one original for the shared content; each request's own file too.
-        assert (
-            await scalar(
-                svc,
-                "SELECT count(*) FROM knowledge_files WHERE content_hash = :h",
-                h=hashlib.sha256(data).hexdigest(),
-            )
-            == 1
-        )
-        assert await scalar(svc, "SELECT count(*) FROM knowledge_files") == 9
-        assert await scalar(svc, "SELECT count(*) FROM tasks") == 9
-        assert len(object_names(knowledge_stores, f"{base}/")) == 9
-        assert await run_pending(svc) == ["success"] * 9
-        assert (await file_row(svc, file_id))["status"] == "indexed"
+        for data in (one, two):
+            name = "one" if data is one else "two"
+            copies = [e for a in answers for e in a.json()["files"] if e["filename"].startswith(name)]
+            [file_id] = {c["id"] for c in copies}
+            assert [c.get("duplicate_of") for c in copies].count(None) == 1
+            assert [c.get("duplicate_of") for c in copies].count(file_id) == 7
+            # One row, one task and one original for each shared content.
+            digest = hashlib.sha256(data).hexdigest()
+            row = await scalar(svc, "SELECT file_id FROM knowledge_files WHERE content_hash = :h", h=digest)
+            assert row == file_id
+        # Each request's own file too: 2 + 8 files, tasks and originals.
+        assert await scalar(svc, "SELECT count(*) FROM knowledge_files") == 10
+        assert await scalar(svc, "SELECT count(*) FROM tasks") == 10
+        assert len(object_names(knowledge_stores, f"{base}/")) == 10
+        assert await run_pending(svc) == ["success"] * 10
+
+
+async def test_uploads_of_the_same_files_in_other_orders_wait_for_each_other_not_deadlock(
+    knowledge_stores: dict[str, str],
+) -> None:
+    """Each upload inserts its new contents in hash order, so a transaction holding one content
+    (not yet committed) makes another wait before it takes any content after it."""
+    from sqlalchemy import text
+
+    async with knowledge_api() as (client, svc):
+        base = await create_base(client)
+        low, high = sorted(hashlib.sha256(b"%d" % i).hexdigest() for i in range(2))
+
+        def row(digest: str) -> dict[str, Any]:
+            return {"file_id": catalog.new_id(), "kb_id": base, "filename": f"{digest[:6]}.txt",
+                    "file_type": "txt", "size_bytes": 1, "content_hash": digest}  # fmt: skip
+
+        async with svc.engine.connect() as first, svc.engine.connect() as second:
+            await first.begin()
+            await second.begin()
+            assert len(await catalog.insert_new_contents(first, [row(low)])) == 1
+            pid = (await second.execute(text("SELECT pg_backend_pid()"))).scalar()
+            # The other upload sends the two contents high first; it waits on ``low``, holding nothing.
+            theirs = asyncio.create_task(catalog.insert_new_contents(second, [row(high), row(low)]))
+
+            async def waiting() -> bool:
+                async with svc.engine.connect() as look:
+                    found = await look.execute(
+                        text("SELECT wait_event_type FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
+                    )
+                    return found.scalar() == "Lock"
+
+            for _ in range(200):
+                if await waiting():
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the second upload never waited for the first")
+            # So the first may still take ``high``: in the other order this was a deadlock.
+            assert len(await catalog.insert_new_contents(first, [row(high)])) == 1
+            await first.commit()
+            assert await theirs == set()  # both contents are the first upload's files
+            await second.commit()
+        assert await scalar(svc, "SELECT count(*) FROM knowledge_files") == 2
 
 
 def _long_paragraph(words: list[str], seed: int) -> str:
