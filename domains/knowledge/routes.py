@@ -1,9 +1,11 @@
 """/knowledge: bases, file uploads (each a durable ingest task), reindexing and search.
 
 A key sees only its own bases (an admin key sees all); anything else answers 404. Uploads put
-the originals in the bucket first, then commit every file row with its task in one transaction,
-then publish the ids once. When Milvus or the object store is not configured or not reachable the
-routes answer 503 naming it; the rest of the API is unaffected.
+the originals in the bucket first (hashing them as they stream), then commit every file row with
+its task in one transaction, then publish the ids once; content the base already has (the unique
+index on its hash decides) is answered with the file that has it, and its streamed copy removed.
+When Milvus or the object store is not configured or not reachable the routes answer 503 naming
+it; the rest of the API is unaffected.
 """
 
 from __future__ import annotations
@@ -272,7 +274,8 @@ async def upload_files(
     """Keep every file: each new content gets its `knowledge.ingest` task (all in one transaction,
     one publish); content the base already has answers with that file (`duplicate_of`); a file of
     no supported type, an empty one or one over the per-file limit ends `error_parsing` at once,
-    saying why. Only the request itself is refused: too many files, a nameless one, over quota."""
+    saying why. Only the request itself is refused: not multipart, no or too many files, a nameless
+    one, over quota."""
     base = await _base(svc, base_id, caller)
     limits: Settings = svc.settings
     if len(files) > limits.max_upload_files:
