@@ -15,7 +15,14 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from domains.knowledge.model import ATTEMPT_BOUND, ERROR_INDEXING, ERROR_PARSING, IN_PROGRESS, UPLOADED
+from domains.knowledge.model import (
+    ATTEMPT_BOUND,
+    ERROR_INDEXING,
+    ERROR_PARSING,
+    IN_PROGRESS,
+    OTHER,
+    UPLOADED,
+)
 from tasks_core import cursor as keyset
 from tasks_core.model import sql_in
 
@@ -112,14 +119,79 @@ async def active_tasks_of_base(conn: AsyncConnection, base_id: str) -> list[uuid
 
 
 async def insert_files(conn: AsyncConnection, rows: Sequence[Row]) -> None:
+    """File rows as given (``uploaded`` unless a row says otherwise; no content hash unless given)."""
     if rows:
         await conn.execute(
             text(
                 """INSERT INTO knowledge_files
-                   (file_id, kb_id, filename, file_type, size_bytes, status, task_id)
-            VALUES (:file_id, :kb_id, :filename, :file_type, :size_bytes, 'uploaded', :task_id)"""
+                   (file_id, kb_id, filename, file_type, size_bytes, status, error_message, content_hash,
+                    task_id)
+            VALUES (:file_id, :kb_id, :filename, :file_type, :size_bytes, :status, :error_message,
+                    :content_hash, :task_id)"""
             ),
-            list(rows),
+            [{"status": UPLOADED, "error_message": None, "content_hash": None, **r} for r in rows],
+        )
+
+
+async def insert_new_contents(conn: AsyncConnection, rows: Sequence[Row]) -> set[str]:
+    """Insert ``uploaded`` file rows (no task yet) whose content is new to their base; the ids of
+    those inserted. A row whose ``content_hash`` the base already has (committed, or in a
+    concurrent transaction, which this waits for) is skipped: the unique index decides, so two
+    uploads of the same bytes at once end as one file. Rows go in hash order, so two requests with
+    the same files in other orders wait for each other instead of deadlocking."""
+    if not rows:
+        return set()
+    ordered = sorted(rows, key=lambda r: str(r["content_hash"]))
+    inserted = await conn.execute(
+        text(
+            """INSERT INTO knowledge_files (file_id, kb_id, filename, file_type, size_bytes, content_hash)
+        SELECT u.file_id, u.kb_id, u.filename, u.file_type, u.size_bytes, u.content_hash
+        FROM unnest(CAST(:ids AS text[]), CAST(:kbs AS text[]), CAST(:names AS text[]),
+                    CAST(:types AS text[]), CAST(:sizes AS bigint[]), CAST(:hashes AS text[]))
+             WITH ORDINALITY AS u(file_id, kb_id, filename, file_type, size_bytes, content_hash, n)
+        ORDER BY u.n
+        ON CONFLICT (kb_id, content_hash) DO NOTHING RETURNING file_id"""
+        ),
+        {
+            "ids": [r["file_id"] for r in ordered],
+            "kbs": [r["kb_id"] for r in ordered],
+            "names": [r["filename"] for r in ordered],
+            "types": [r["file_type"] for r in ordered],
+            "sizes": [r["size_bytes"] for r in ordered],
+            "hashes": [r["content_hash"] for r in ordered],
+        },
+    )
+    return {r[0] for r in inserted}
+
+
+async def files_by_hash(conn: AsyncConnection, base_id: str, hashes: Sequence[str]) -> dict[str, Row]:
+    """The base's files with these content hashes, by hash."""
+    rows = (
+        (
+            await conn.execute(
+                text(
+                    """SELECT file_id, filename, status, task_id, content_hash FROM knowledge_files
+        WHERE kb_id = :kb AND content_hash = ANY(:hashes)"""
+                ),
+                {"kb": base_id, "hashes": list(hashes)},
+            )
+        )
+        .mappings()
+        .all()
+    )
+    return {r["content_hash"]: dict(r) for r in rows}
+
+
+async def hand_to_tasks(conn: AsyncConnection, tasks: dict[str, uuid.UUID]) -> None:
+    """Name each new file's ingest task (file id -> task id), in the transaction that made both."""
+    if tasks:
+        await conn.execute(
+            text(
+                """UPDATE knowledge_files f SET task_id = u.task_id
+        FROM unnest(CAST(:ids AS text[]), CAST(:tasks AS uuid[])) AS u(file_id, task_id)
+        WHERE f.file_id = u.file_id"""
+            ),
+            {"ids": list(tasks), "tasks": list(tasks.values())},
         )
 
 
@@ -129,7 +201,8 @@ async def get_file(conn: AsyncConnection, file_id: str, *, lock: bool = False) -
         (
             await conn.execute(
                 text(
-                    f"""SELECT f.*, b.owner, b.embedder, b.dimension, t.status IN {_ACTIVE} AS task_active
+                    f"""SELECT f.*, b.owner, b.embedder, b.dimension, t.status IN {_ACTIVE} AS task_active,
+               t.status AS task_status, t.task_type, t.attempt_count AS task_attempts
         FROM knowledge_files f JOIN knowledge_bases b ON b.id = f.kb_id
         LEFT JOIN tasks t ON t.id = f.task_id WHERE f.file_id = :id"""
                     + (" FOR UPDATE OF f" if lock else "")
@@ -154,14 +227,14 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 async def list_files(
     conn: AsyncConnection, base_id: str, *, status: str | None, limit: int, cursor: str | None
 ) -> tuple[list[Row], str | None]:
-    """Newest first, keyset-paged on (created_at, file_id); with the status of each file's task
-    (None once the task is pruned)."""
+    """Newest first, keyset-paged on (created_at, file_id); with the status, type and attempts so
+    far of each file's task (None once the task is pruned)."""
     after = decode_cursor(cursor) if cursor else (None, None)
     rows = (
         (
             await conn.execute(
                 text(
-                    """SELECT f.*, t.status AS task_status
+                    """SELECT f.*, t.status AS task_status, t.task_type, t.attempt_count AS task_attempts
         FROM knowledge_files f LEFT JOIN tasks t ON t.id = f.task_id WHERE f.kb_id = :kb
           AND (CAST(:status AS text) IS NULL OR f.status = :status)
           AND (CAST(:c_at AS timestamptz) IS NULL
@@ -201,17 +274,28 @@ async def assign(conn: AsyncConnection, file_ids: Sequence[str], task_id: uuid.U
     )
 
 
-async def reindexable(conn: AsyncConnection, base_id: str) -> list[str]:
-    """Files of a base waiting for work no task will do: errored, or uploaded under a finished task."""
+# Files refused at upload (no supported type, empty, over the per-file limit): no original was
+# kept, so no task can ever parse them; delete them and upload a file that can be.
+_REFUSED = "(f.file_type = 'other' OR f.size_bytes = 0 OR f.size_bytes > :max_bytes)"
+
+
+def refused_at_upload(row: Row, max_bytes: int) -> bool:
+    """The Python side of ``_REFUSED``, for one file row."""
+    return bool(row["file_type"] == OTHER or row["size_bytes"] == 0 or row["size_bytes"] > max_bytes)
+
+
+async def reindexable(conn: AsyncConnection, base_id: str, max_bytes: int) -> list[str]:
+    """Files of a base waiting for work no task will do: errored, or uploaded under a finished task
+    (not those refused at upload: there is nothing to parse)."""
     rows = (
         await conn.execute(
             text(
                 f"""SELECT f.file_id FROM knowledge_files f LEFT JOIN tasks t ON t.id = f.task_id
         WHERE f.kb_id = :kb AND (t.id IS NULL OR t.status NOT IN {_ACTIVE})
-          AND f.status IN ('{ERROR_PARSING}', '{ERROR_INDEXING}', '{UPLOADED}')
+          AND f.status IN ('{ERROR_PARSING}', '{ERROR_INDEXING}', '{UPLOADED}') AND NOT {_REFUSED}
         ORDER BY f.created_at, f.file_id FOR UPDATE OF f"""
             ),
-            {"kb": base_id},
+            {"kb": base_id, "max_bytes": max_bytes},
         )
     ).all()
     return [r[0] for r in rows]
@@ -381,12 +465,13 @@ async def converge(conn: AsyncConnection, task_id: uuid.UUID, reason: str) -> in
 
 
 async def indexed_chunks(conn: AsyncConnection, base_id: str, chunk_ids: Sequence[str]) -> dict[str, Row]:
-    """Texts of these chunks whose file is indexed in this base (stale vectors find nothing here)."""
+    """Texts (and file names) of these chunks whose file is indexed in this base (stale vectors
+    find nothing here)."""
     rows = (
         (
             await conn.execute(
                 text(
-                    """SELECT c.chunk_id, c.file_id, c.text FROM knowledge_chunks c
+                    """SELECT c.chunk_id, c.file_id, f.filename, c.text FROM knowledge_chunks c
         JOIN knowledge_files f ON f.file_id = c.file_id
         WHERE c.chunk_id = ANY(:ids) AND f.kb_id = :kb AND f.status = 'indexed'"""
                 ),

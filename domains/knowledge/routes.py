@@ -1,9 +1,11 @@
 """/knowledge: bases, file uploads (each a durable ingest task), reindexing and search.
 
 A key sees only its own bases (an admin key sees all); anything else answers 404. Uploads put
-the originals in the bucket first, then commit every file row with its task in one transaction,
-then publish the ids once. When Milvus or the object store is not configured or not reachable the
-routes answer 503 naming it; the rest of the API is unaffected.
+the originals in the bucket first (hashing them as they stream), then commit every file row with
+its task in one transaction, then publish the ids once; content the base already has (the unique
+index on its hash decides) is answered with the file that has it, and its streamed copy removed.
+When Milvus or the object store is not configured or not reachable the routes answer 503 naming
+it; the rest of the API is unaffected.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import uuid
+from dataclasses import dataclass
 from typing import Annotated, Any, BinaryIO
 
 from fastapi import (
@@ -30,7 +33,9 @@ from fastapi.routing import APIRoute
 from app.auth import BodyRoute, Principal
 from app.dependencies import Caller, Svc
 from domains.knowledge import catalog, reindexing
+from domains.knowledge.attempts import attempt_of
 from domains.knowledge.errors import CollectionMissing, StoreError
+from domains.knowledge.model import FILE_TYPES, OTHER
 from domains.knowledge.parsing import CONTENT_TYPES, file_type_of
 from domains.knowledge.schemas import (
     ID,
@@ -51,6 +56,7 @@ from domains.knowledge.schemas import (
 from domains.knowledge.storage import object_key
 from domains.knowledge.stores import KnowledgeStores, milvus_fact, object_store_fact, stores_for
 from domains.knowledge.tasks import INGEST
+from tasks_core.registry import Registry
 from tasks_core.services import Services
 from tasks_core.settings import Settings
 from tasks_core.submission import InvalidTask, Submitter, TaskIntent
@@ -63,7 +69,16 @@ MULTIPART_OVERHEAD = 64 * 1024
 BIDI_CONTROLS = dict.fromkeys([*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C])
 # Originals put to the bucket at once per upload request.
 PUT_CONCURRENCY = 8
+# A search asks Milvus for 4 * top_k + this many vectors (at most MAX_SEARCH_FETCH): some are
+# dropped (files being reindexed or deleted, texts already shown), and top_k should still be filled.
+SEARCH_SLACK = 10
+MAX_SEARCH_FETCH = 410
 RETRY_AFTER = {"Retry-After": "5"}
+# The types a file may have (by its name's extension); a file of none is kept as "other".
+SUPPORTED = tuple(t for t in FILE_TYPES if t != OTHER)
+# How often a file whose content another upload already has is looked for again, should that
+# other file be deleted between our insert and our look (then ours is new after all).
+CONTENT_RACE_TRIES = 3
 
 
 def _err(description: str, model: type = KnowledgeError) -> dict[str, Any]:
@@ -128,7 +143,8 @@ def _base_view(row: dict[str, Any], counts: dict[str, int] | None = None) -> dic
     }
 
 
-def _file_view(row: dict[str, Any]) -> dict[str, Any]:
+def _file_view(row: dict[str, Any], registry: Registry) -> dict[str, Any]:
+    attempt = attempt_of(row, registry)
     return {
         "id": row["file_id"],
         "base_id": row["kb_id"],
@@ -139,6 +155,9 @@ def _file_view(row: dict[str, Any]) -> dict[str, Any]:
         "error_message": row["error_message"],
         "chunk_count": row["chunk_count"],
         "task_id": row["task_id"],
+        "attempt": attempt[0] if attempt else None,
+        "max_attempts": attempt[1] if attempt else None,
+        "content_hash": row["content_hash"],
         "created_at": row["created_at"],
         "updated_at": row["updated_at"],
     }
@@ -224,14 +243,21 @@ async def delete_base(base_id: BaseId, caller: Caller, svc: Svc, stores: Stores)
 # ------------------------------------------------------------------------------------------------ files
 
 
+async def _multipart(request: Request) -> None:
+    """Before the body is looked at: an upload that is not multipart is refused as a whole."""
+    if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
+        raise HTTPException(415, "send the files as multipart/form-data, in the field `files`")
+
+
 @router.post(
     "/bases/{base_id}/files",
     status_code=202,
     response_model=UploadOut,
+    dependencies=[Depends(_multipart)],
     responses={
         **COMMON,
-        413: _err("A file, or the whole request, is over its size limit"),
-        415: _err("A file is not txt, md, html or pdf"),
+        413: _err("The whole request is over DTASK_MAX_UPLOAD_REQUEST_BYTES"),
+        415: _err("The request is not multipart/form-data"),
         **QUOTA,
     },
 )
@@ -240,74 +266,156 @@ async def upload_files(
     caller: Caller,
     svc: Svc,
     stores: Stores,
-    files: Annotated[list[UploadFile], File(description="One or many documents (.txt .md .html .pdf)")],
+    files: Annotated[
+        list[UploadFile],
+        File(description="One or many documents (" + ", ".join(f".{t}" for t in SUPPORTED) + ")"),
+    ],
 ) -> Any:
-    """Store each file and create its `knowledge.ingest` task: all in one transaction, one publish."""
+    """Keep every file: each new content gets its `knowledge.ingest` task (all in one transaction,
+    one publish); content the base already has answers with that file (`duplicate_of`); a file of
+    no supported type, an empty one or one over the per-file limit ends `error_parsing` at once,
+    saying why. Only the request itself is refused: not multipart, no or too many files, a nameless
+    one, over quota."""
     base = await _base(svc, base_id, caller)
     limits: Settings = svc.settings
     if len(files) > limits.max_upload_files:
         raise _invalid("files", f"at most {limits.max_upload_files} files per request, got {len(files)}")
-    accepted: list[tuple[str, str, BinaryIO, int]] = []  # (filename, type, spooled file, size)
-    unsupported: list[str] = []
+    if not files:
+        raise _invalid("files", "no files")
+    entries: list[_Entry] = []
     for upload in files:
         name = (upload.filename or "").translate(BIDI_CONTROLS).replace("\\", "/").rsplit("/", 1)[-1]
         if not name or len(name) > 255 or "\x00" in name:
             raise _invalid("files", "every file needs a name of 1-255 characters")
-        file_type = file_type_of(name)
-        if file_type is None:
-            unsupported.append(name)
-            continue
         size = upload.size or 0  # the multipart parser counts every byte it spools
-        if size > limits.max_upload_bytes:
-            raise HTTPException(413, f"{name} is over the {limits.max_upload_bytes}-byte limit per file")
-        if not size:
-            raise _invalid("files", f"{name} is empty")
-        accepted.append((name, file_type, upload.file, size))
-    if unsupported:
-        raise HTTPException(
-            415, "unsupported file type (use .txt, .md, .html or .pdf): " + ", ".join(unsupported[:20])
-        )
-    if not accepted:
-        raise _invalid("files", "no files")
-    ids = [catalog.new_id() for _ in accepted]
+        file_type = file_type_of(name)
+        entry = _Entry(catalog.new_id(), name, file_type or OTHER, size, upload.file)
+        entry.refused = _refusal(name, file_type, size, limits.max_upload_bytes)
+        entries.append(entry)
+    kept = [e for e in entries if e.refused is None]
     objects = await stores.objects()
-    keys = [object_key(base_id, fid) for fid in ids]
+    keys = [object_key(base_id, e.file_id) for e in kept]
     gate = asyncio.Semaphore(PUT_CONCURRENCY)
 
-    async def put(key: str, file_type: str, file: BinaryIO, size: int) -> None:
-        async with gate:  # from the spool file, in parts: never a whole file in memory
-            await objects.put(key, file, size, CONTENT_TYPES[file_type])
+    async def put(entry: _Entry) -> None:
+        async with gate:  # from the spool file, in parts, hashed as it goes: never a whole file in memory
+            content_type = CONTENT_TYPES.get(entry.file_type, "application/octet-stream")
+            entry.content_hash = await objects.put(
+                object_key(base_id, entry.file_id), entry.stream, entry.size, content_type
+            )
 
     try:
         # Originals first: a task must never run before its object exists.
-        await asyncio.gather(*(put(k, t, f, n) for k, (_, t, f, n) in zip(keys, accepted, strict=True)))
+        await asyncio.gather(*(put(e) for e in kept))
         async with Submitter(svc).transaction(owner=base["owner"]) as tx:
-            rows: list[dict[str, Any]] = []
-            for fid, (name, file_type, _, size) in zip(ids, accepted, strict=True):
-                submitted = await tx.add(TaskIntent(INGEST, {"file_id": fid}))
-                rows.append(
-                    {
-                        "file_id": fid,
-                        "kb_id": base_id,
-                        "filename": name,
-                        "file_type": file_type,
-                        "size_bytes": size,
-                        "task_id": submitted.task_id,
-                    }
-                )
-            await catalog.insert_files(tx.conn, rows)
+            await _record(tx, base_id, entries)
     except BaseException as exc:
         await _forget_objects(objects, keys)
         if isinstance(exc, InvalidTask):
             raise _refused(exc) from None
         raise
+    # The originals of duplicates are not kept: the file they duplicate has its own.
+    await _forget_objects(objects, [object_key(base_id, e.file_id) for e in kept if e.duplicate_of])
     # Capacity decides how many are sent now; the rest wait for the relay. False only when the
     # broker could not be reached (the publisher sends them later).
     published = all(r.publish_error is None for r in tx.results)
+    return {"files": [e.ref() for e in entries], "published": published}
+
+
+@dataclass(eq=False)
+class _Entry:
+    """One uploaded file on its way to a row, or to the row it duplicates."""
+
+    file_id: str  # its own id: of its row, or only of the object it was put as (a duplicate)
+    filename: str
+    file_type: str
+    size: int
+    stream: BinaryIO
+    refused: str | None = None  # why it ends error_parsing at once (no original is kept)
+    content_hash: str | None = None
+    # A duplicate is answered with the file it duplicates: that file's id, task and status.
+    duplicate_of: str | None = None
+    task_id: uuid.UUID | None = None
+    status: str = "uploaded"
+
+    def ref(self) -> dict[str, Any]:
+        out = _ref(self.duplicate_of or self.file_id, self.task_id, self.status, self.filename)
+        if self.refused is not None:
+            out["error_message"] = self.refused
+        if self.duplicate_of is not None:
+            out["duplicate_of"] = self.duplicate_of
+        return out
+
+
+def _refusal(name: str, file_type: str | None, size: int, max_bytes: int) -> str | None:
+    if file_type is None:
+        dot = name.rfind(".")
+        kind = f"{name[dot:].lower()} files are" if dot > 0 else "a file with no extension is"
+        supported = ", ".join(f".{t}" for t in SUPPORTED)
+        return f"not a supported file type: {kind} not read (use {supported})"
+    if size == 0:
+        return "the file is empty"
+    if size > max_bytes:
+        return f"the file is over the {max_bytes:,}-byte limit per file (DTASK_MAX_UPLOAD_BYTES)"
+    return None
+
+
+def _row(base_id: str, e: _Entry, **values: Any) -> dict[str, Any]:
     return {
-        "files": [_ref(r["file_id"], r["task_id"], "uploaded", r["filename"]) for r in rows],
-        "published": published,
+        "file_id": e.file_id,
+        "kb_id": base_id,
+        "filename": e.filename,
+        "file_type": e.file_type,
+        "size_bytes": e.size,
+        **values,
     }
+
+
+async def _record(tx: Any, base_id: str, entries: list[_Entry]) -> None:
+    """The rows of one upload, in its submission transaction: refused files as ``error_parsing``,
+    each new content with its ingest task, and duplicates answered with the file they duplicate."""
+    conn = tx.conn
+    refused = [e for e in entries if e.refused is not None]
+    for e in refused:
+        e.status = "error_parsing"
+    await catalog.insert_files(
+        conn, [_row(base_id, e, status=e.status, error_message=e.refused, task_id=None) for e in refused]
+    )
+    # The same bytes twice in one request: the first is the file, the others its duplicates.
+    first: dict[str, _Entry] = {}
+    for e in entries:
+        if e.content_hash is not None:
+            first.setdefault(e.content_hash, e)
+    waiting = list(first.values())
+    new: set[str] = set()
+    for _ in range(CONTENT_RACE_TRIES):
+        inserted = await catalog.insert_new_contents(
+            conn, [_row(base_id, e, content_hash=e.content_hash) for e in waiting]
+        )
+        new |= inserted
+        waiting = [e for e in waiting if e.file_id not in inserted]
+        if not waiting:
+            break
+        held = await catalog.files_by_hash(conn, base_id, [str(e.content_hash) for e in waiting])
+        for e in waiting:
+            if (row := held.get(str(e.content_hash))) is not None:
+                e.duplicate_of, e.task_id, e.status = row["file_id"], row["task_id"], row["status"]
+        # A file gone between our insert and our look was deleted meanwhile: ours is new after all.
+        waiting = [e for e in waiting if e.duplicate_of is None]
+        if not waiting:
+            break
+    else:
+        raise HTTPException(503, "the base changed under this upload; try again", headers=RETRY_AFTER)
+    tasks: dict[str, uuid.UUID] = {}
+    for e in entries:  # tasks in the order the files came
+        if e.file_id in new:
+            e.task_id = tasks[e.file_id] = (await tx.add(TaskIntent(INGEST, {"file_id": e.file_id}))).task_id
+    await catalog.hand_to_tasks(conn, tasks)
+    for e in entries:
+        twin = first.get(e.content_hash) if e.content_hash is not None else None
+        if twin is not None and twin is not e:
+            e.duplicate_of = twin.duplicate_of or twin.file_id
+            e.task_id, e.status = twin.task_id, twin.status
 
 
 async def _forget_objects(objects: Any, keys: list[str]) -> None:
@@ -335,14 +443,15 @@ async def list_files(
             rows, nxt = await catalog.list_files(conn, base_id, status=status, limit=limit, cursor=cursor)
         except ValueError as exc:
             raise _invalid("cursor", str(exc), "query") from None
-    return {"items": [_file_view(r) for r in rows], "next_cursor": nxt}
+    return {"items": [_file_view(r, svc.registry) for r in rows], "next_cursor": nxt}
 
 
 @router.get("/files/{file_id}", response_model=FileOut, responses=COMMON)
 async def get_file(file_id: FileId, caller: Caller, svc: Svc) -> Any:
     """One file: its status, error_message, chunk_count and the task that owns it."""
     async with svc.engine.connect() as conn:
-        return _file_view(_visible(await catalog.get_file(conn, file_id), caller, "file"))
+        row = _visible(await catalog.get_file(conn, file_id), caller, "file")
+    return _file_view(row, svc.registry)
 
 
 @router.delete("/files/{file_id}", status_code=204, response_class=Response, responses=COMMON)
@@ -418,7 +527,8 @@ async def reindex_pending(base_id: BaseId, caller: Caller, svc: Svc, response: R
 
 @router.post("/bases/{base_id}/search", response_model=SearchOut, responses=COMMON)
 async def search(base_id: BaseId, body: SearchIn, caller: Caller, svc: Svc, stores: Stores) -> Any:
-    """The `top_k` chunks most similar to the query, among the base's indexed files."""
+    """The `top_k` chunks most similar to the query (at least `min_score`), among the base's indexed
+    files, each text once."""
     base = await _base(svc, base_id, caller)
     embedder = stores.embedder
     if (embedder.name, embedder.dimension) != (base["embedder"], base["dimension"]):
@@ -429,8 +539,9 @@ async def search(base_id: BaseId, body: SearchIn, caller: Caller, svc: Svc, stor
             headers=RETRY_AFTER,
         )
     [vector] = await asyncio.to_thread(embedder.embed, [body.query])
-    # More than top_k: vectors of files being reindexed or deleted are filtered out below.
-    limit = min(4 * body.top_k, 400)
+    # More than top_k: vectors of files being reindexed or deleted are filtered out below, and a
+    # text several files hold is shown once.
+    limit = min(4 * body.top_k + SEARCH_SLACK, MAX_SEARCH_FETCH)
     try:
         hits = await (await stores.index(base_id, base["dimension"])).search(vector, limit)
     except CollectionMissing:
@@ -438,14 +549,29 @@ async def search(base_id: BaseId, body: SearchIn, caller: Caller, svc: Svc, stor
         # which creates or loads it.
         stores.indexes.forget(base_id)
         hits = await (await stores.index(base_id, base["dimension"])).search(vector, limit)
+    if body.min_score is not None:
+        hits = [h for h in hits if h.score >= body.min_score]
     async with svc.engine.connect() as conn:
         texts = await catalog.indexed_chunks(conn, base_id, [h.chunk_id for h in hits])
-    found = [
-        {"chunk_id": h.chunk_id, "file_id": h.file_id, "text": texts[h.chunk_id]["text"], "score": h.score}
-        for h in hits
-        if h.chunk_id in texts
-    ]
-    return {"hits": found[: body.top_k]}
+    found: list[dict[str, Any]] = []
+    shown: set[str] = set()
+    for h in sorted(hits, key=lambda h: -h.score):  # best first, so the score kept is the best
+        chunk = texts.get(h.chunk_id)
+        if chunk is None or chunk["text"] in shown:
+            continue
+        shown.add(chunk["text"])
+        found.append(
+            {
+                "chunk_id": h.chunk_id,
+                "file_id": h.file_id,
+                "filename": chunk["filename"],
+                "text": chunk["text"],
+                "score": h.score,
+            }
+        )
+        if len(found) == body.top_k:
+            break
+    return {"hits": found}
 
 
 # ------------------------------------------------------------------------------------------------ wiring

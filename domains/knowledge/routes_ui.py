@@ -31,6 +31,7 @@ from app.ui import (
     status_page,
 )
 from domains.knowledge import catalog
+from domains.knowledge.attempts import attempt_of
 from domains.knowledge.domain import DOMAIN
 from domains.knowledge.model import ERRORS, STATUSES
 from domains.knowledge.reindexing import reindex_base
@@ -83,6 +84,9 @@ async def _files(svc: Services, viewer: Viewer, base: dict[str, Any], f: StatusP
             )
         except ValueError:  # a cursor we did not make
             raise UiError(400, "That page link is not valid; start again from the newest files.") from None
+    for row in rows:
+        row["attempt"] = attempt_of(row, svc.registry)
+        row["refused"] = catalog.refused_at_upload(row, svc.settings.max_upload_bytes)
     return {
         "viewer": viewer,
         "base": base,

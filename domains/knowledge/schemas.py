@@ -15,7 +15,8 @@ FileStatus = Literal[
 ]
 STATUS_HELP = (
     "uploaded → parsing → parsed → indexing → indexed; error_parsing or error_indexing when it cannot "
-    "go on (error_message says why; reindex to try again)"
+    "go on (error_message says why; reindex to try again). A file of no supported type, an empty one "
+    "or one over the per-file limit is error_parsing from its upload on, with no task"
 )
 
 
@@ -54,6 +55,16 @@ class FileRef(BaseModel):
     task_id: UUID | None = Field(description="The task that works on it now: follow it at GET /tasks/{id}")
     status: FileStatus = Field(description=STATUS_HELP)
     filename: str = Field(description="The uploaded file's name (without its folders)")
+    error_message: str | None = Field(
+        None, description="Why an uploaded file was not kept for parsing (it is error_parsing at once)"
+    )
+    duplicate_of: str | None = Field(
+        None,
+        description=(
+            "The base already has a file of exactly these bytes (sha256): this entry is that file, "
+            "nothing was stored or indexed again. To replace a file, delete it, then upload"
+        ),
+    )
 
 
 class UploadOut(BaseModel):
@@ -67,12 +78,29 @@ class FileOut(BaseModel):
     id: str = Field(description="The file's id (32 hex digits)")
     base_id: str = Field(description="The base it belongs to")
     filename: str = Field(description="The uploaded file's name (without its folders)")
-    file_type: str = Field(description="txt, md, html or pdf (from the name's extension)")
+    file_type: str = Field(
+        description=(
+            "txt, md, html, pdf, rst, docx, csv or json (from the name's extension); other: none of them"
+        )
+    )
     size_bytes: int = Field(description="Size of the original, in bytes")
     status: FileStatus = Field(description=STATUS_HELP)
     error_message: str | None = Field(description="Why it ended in an error state (None otherwise)")
     chunk_count: int = Field(description="Chunks indexed from it (0 until it is indexed)")
     task_id: UUID | None = Field(description="The task that owns it now, or the last one that did")
+    attempt: int | None = Field(
+        None,
+        description=(
+            "While it is in progress: the attempt of its task that runs it (or, while the task waits, "
+            "the one that will); None otherwise"
+        ),
+    )
+    max_attempts: int | None = Field(
+        None, description="While it is in progress: how many attempts its task may have in all"
+    )
+    content_hash: str | None = Field(
+        None, description="sha256 (hex) of the original; None for a file refused at upload"
+    )
     created_at: datetime = Field(description="When it was uploaded (PostgreSQL's clock)")
     updated_at: datetime = Field(description="When its status last changed (PostgreSQL's clock)")
 
@@ -103,17 +131,33 @@ class SearchIn(BaseModel):
         ),
     ]
     top_k: Annotated[int, Field(ge=1, le=100, strict=True, description="How many chunks to return")] = 5
+    min_score: Annotated[
+        float | None,
+        Field(
+            ge=-1,
+            le=1,
+            allow_inf_nan=False,
+            strict=True,
+            description="Only chunks at least this similar (cosine, -1 to 1); None: no floor",
+        ),
+    ] = None
 
 
 class Hit(BaseModel):
     chunk_id: str = Field(description="The chunk's id: `<file_id>-<n>`")
     file_id: str = Field(description="The file it comes from")
+    filename: str = Field(description="That file's name")
     text: str = Field(description="The chunk's text")
     score: float = Field(description="Cosine similarity to the query (higher is closer)")
 
 
 class SearchOut(BaseModel):
-    hits: list[Hit] = Field(description="The closest chunks of the base's indexed files, best first")
+    hits: list[Hit] = Field(
+        description=(
+            "The closest chunks of the base's indexed files, best first; one per text (a text that "
+            "several files hold is shown once, with its best score)"
+        )
+    )
 
 
 class KnowledgeError(BaseModel):

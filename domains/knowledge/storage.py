@@ -6,6 +6,7 @@ Every call blocks, so each runs in a thread. Deleting what is already gone succe
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections.abc import Callable
 from datetime import datetime
@@ -61,6 +62,24 @@ def _code(exc: BaseException) -> str | None:
     return exc.code if isinstance(exc, S3Error) else None
 
 
+class HashingReader:
+    """A read-only stream that hashes (sha256) and counts what is read through it."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream = stream
+        self.count = 0
+        self._hash = hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size)
+        self._hash.update(data)
+        self.count += len(data)
+        return data
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
 def object_key(base_id: str, file_id: str) -> str:
     return f"{base_id}/{file_id}"
 
@@ -94,19 +113,24 @@ class ObjectStore:
     async def ping(self) -> None:
         await self._call(self.client.bucket_exists, self.bucket)
 
-    async def put(self, key: str, stream: BinaryIO, length: int, content_type: str) -> None:
-        """Store ``length`` bytes read from ``stream``. The client reads and sends one part at a
-        time (5 MiB, or a smaller file whole), one after another: a file's parts in parallel would
-        hold several in memory, and an upload already sends its files in parallel."""
+    async def put(self, key: str, stream: BinaryIO, length: int, content_type: str) -> str:
+        """Store ``length`` bytes read from ``stream``; the sha256 (hex) of what was sent. The client
+        reads and sends one part at a time (5 MiB, or a smaller file whole), one after another: a
+        file's parts in parallel would hold several in memory, and an upload already sends its
+        files in parallel. The hash is taken from those same reads, so no byte is read twice."""
+        hashed = HashingReader(stream)
         await self._call(
             self.client.put_object,
             self.bucket,
             key,
-            stream,
+            hashed,
             length,
             content_type=content_type,
             num_parallel_uploads=1,
         )
+        if hashed.count != length:  # the client reads exactly ``length`` bytes, or fails
+            raise ValueError(f"{key}: sent {hashed.count} bytes, expected {length}")
+        return hashed.hexdigest()
 
     async def get(self, key: str) -> bytes:
         def read() -> bytes:

@@ -1,6 +1,7 @@
 """Knowledge ingestion through real `celery worker` processes, real Milvus (milvus-lite server) and
-real S3 (SeaweedFS): a 400-file batch carried by the relay alone, and a worker SIGKILLed while it
-indexes a file (its retry-safe task runs again elsewhere)."""
+real S3 (SeaweedFS): a 400-file batch carried by the relay alone, a worker SIGKILLed while it
+indexes a file (its retry-safe task runs again elsewhere), and a folder whose bad files (empty,
+binary, a PDF of no pages) end error_parsing beside its 20 good ones, uploaded twice as one."""
 
 from __future__ import annotations
 
@@ -180,3 +181,80 @@ async def test_sigkill_while_indexing_retries_the_file_and_leaves_no_duplicate_v
             == chunks
         )
         await asyncio.sleep(0)
+
+
+def _zero_page_pdf() -> bytes:
+    """A well-formed PDF whose page tree is empty."""
+    objects = ["<< /Type /Catalog /Pages 2 0 R >>", "<< /Type /Pages /Kids [] /Count 0 >>"]
+    out = b"%PDF-1.4\n"
+    offsets = []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += f"{number} 0 obj\n{body}\nendobj\n".encode()
+    xref = len(out)
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
+    out += "".join(f"{offset:010d} 00000 n \n" for offset in offsets).encode()
+    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
+    return out
+
+
+async def test_a_folder_with_bad_files_indexes_the_good_ones_and_the_same_file_twice_is_one(
+    cluster: Cluster, knowledge_stores: dict[str, str], tmp_path: Path
+) -> None:
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i in range(20):
+        words = [f"good{i}word{k}" for k in range(8)] + ["shared", "handbook", "words"]
+        (folder / f"doc-{i:02}.md").write_text(paragraphs(words, 3, seed=i))
+    (folder / "empty.txt").write_bytes(b"")
+    (folder / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 16)
+    (folder / "scan.pdf").write_bytes(_zero_page_pdf())
+    bad = {
+        "empty.txt": "the file is empty",
+        "photo.png": "not a supported file type",
+        "scan.pdf": "the PDF has no pages",
+    }
+    worker = cluster.start_worker(concurrency=CAPACITY + 2, DTASK_CAPACITY=str(CAPACITY), **knowledge_stores)
+    cluster.start_beat()
+    await cluster.wait_worker_ready(worker)
+    async with knowledge_api() as (client, svc):
+        base = await create_base(client)
+        sent = [(p.name, p.read_bytes()) for p in sorted(folder.iterdir())]
+        r = await upload(client, base, sent)
+        assert r.status_code == 202, r.text
+        entries = {e["filename"]: e for e in r.json()["files"]}
+        assert len(entries) == 23
+
+        async def settled() -> dict[str, int] | None:
+            assert worker.alive()
+            counts = await _statuses(svc, base)
+            return counts if counts.get("indexed", 0) + counts.get("error_parsing", 0) == 23 else None
+
+        counts = await wait_for(settled, within=120, interval=0.5, what="every file indexed or failed")
+        assert counts == {"indexed": 20, "error_parsing": 3}, counts
+        for name, why in bad.items():
+            row = await file_row(svc, entries[name]["id"])
+            assert row["status"] == "error_parsing" and why in row["error_message"], row
+        milvus = milvus_client(knowledge_stores)
+        for i in range(20):
+            row = await file_row(svc, entries[f"doc-{i:02}.md"]["id"])
+            assert row["status"] == "indexed"
+            assert vector_count(milvus, base, row["file_id"]) == row["chunk_count"]
+
+        # The same file again: the file the base has, nothing stored or indexed again.
+        tasks_before = await scalar(svc, "SELECT count(*) FROM tasks")
+        r = await upload(client, base, [("doc-07-again.md", (folder / "doc-07.md").read_bytes())])
+        assert r.status_code == 202, r.text
+        [again] = r.json()["files"]
+        assert again["duplicate_of"] == again["id"] == entries["doc-07.md"]["id"]
+        assert again["status"] == "indexed"
+        assert await scalar(svc, "SELECT count(*) FROM tasks") == tasks_before
+        assert await scalar(svc, "SELECT count(*) FROM knowledge_files WHERE kb_id = :kb", kb=base) == 23
+        hits = (
+            await client.post(
+                f"/knowledge/bases/{base}/search",
+                json={"query": "good7word1 good7word2 good7word3", "top_k": 3},
+                headers=ALICE,
+            )
+        ).json()["hits"]
+        assert hits[0]["filename"] == "doc-07.md" and len({h["text"] for h in hits}) == len(hits)

@@ -3,10 +3,14 @@ SeaweedFS S3 over HTTP; tasks are claimed and run by the real runtime (``run_tas
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import uuid
+from typing import Any
 
 import pytest
 
+from domains.knowledge import catalog
 from tests.knowledge_helpers import (
     ALICE,
     BOB,
@@ -110,21 +114,24 @@ async def test_every_format_is_indexed_and_its_words_find_it_first(knowledge_sto
         assert shown_base["file_counts"] == {"indexed": 4}
 
 
-async def test_bad_input_is_refused_with_clear_statuses(knowledge_stores: dict[str, str]) -> None:
-    async with knowledge_api(max_upload_bytes=2000, max_upload_request_bytes=50_000) as (client, svc):
+async def test_only_the_request_itself_is_refused(knowledge_stores: dict[str, str]) -> None:
+    async with knowledge_api(max_upload_request_bytes=50_000, max_upload_files=10) as (client, svc):
         base = await create_base(client)
         ok = ("ok.txt", b"fine words here")
 
-        r = await upload(client, base, [ok, ("tool.exe", b"MZ\x90\x00"), ("sheet.xlsx", b"PK")])
-        assert (
-            r.status_code == 415 and "tool.exe" in r.json()["detail"] and "sheet.xlsx" in r.json()["detail"]
-        )
-        r = await upload(client, base, [ok, ("empty.txt", b"")])
-        assert r.status_code == 422 and "empty.txt is empty" in r.json()["detail"][0]["msg"]
-        r = await upload(client, base, [ok, ("big.txt", b"x" * 2001)])
-        assert r.status_code == 413 and "big.txt" in r.json()["detail"]
         r = await upload(client, base, [(f"f{i}.txt", b"y" * 1500) for i in range(120)])  # 180 kB body
         assert r.status_code == 413 and r.json()["detail"] == "request body too large"
+        r = await upload(client, base, [(f"f{i}.txt", b"y") for i in range(11)])
+        assert r.status_code == 422 and "at most 10 files" in r.json()["detail"][0]["msg"]
+        r = await client.post(
+            f"/knowledge/bases/{base}/files", files={"other": ("a.txt", b"x")}, headers=ALICE
+        )
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "files"]  # no files
+        for body, kind in ((b"{}", "application/json"), (b"words", "text/plain")):
+            r = await client.post(
+                f"/knowledge/bases/{base}/files", content=body, headers={**ALICE, "content-type": kind}
+            )
+            assert r.status_code == 415 and "multipart/form-data" in r.json()["detail"], r.text
         # Nothing of the refused requests was stored: no rows, no tasks, no objects.
         assert await scalar(svc, "SELECT count(*) FROM knowledge_files") == 0
         assert await scalar(svc, "SELECT count(*) FROM tasks") == 0
@@ -154,31 +161,90 @@ async def test_bad_input_is_refused_with_clear_statuses(knowledge_stores: dict[s
         assert (await client.post("/knowledge/bases", json={"name": "dup"}, headers=ALICE)).status_code == 409
         assert (await client.post("/knowledge/bases", json={"name": "dup"}, headers=BOB)).status_code == 201
 
-        # Accepted, but nothing to read: the file ends error_parsing saying why, its task failed.
-        r = await upload(
-            client,
-            base,
-            [
-                ("blank.txt", b"  \n\n \t "),
-                ("binary.txt", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"),
-                ("broken.pdf", b"%PDF-1.4\nthis is not a pdf at all"),
-                ("scripts.html", b"<script>only code</script>"),
-            ],
-        )
+
+async def test_bad_files_never_refuse_the_good_ones(knowledge_stores: dict[str, str]) -> None:
+    async with knowledge_api(max_upload_bytes=2000) as (client, svc):
+        base = await create_base(client)
+        sent = [
+            ("good.txt", b"quokka marsupial rottnest island words"),
+            ("empty.txt", b""),
+            ("tool.exe", b"MZ\x90\x00binary"),
+            ("README", b"no extension at all"),
+            ("big.txt", b"x" * 2001),
+            ("guide.md", b"# Glaciers\n\nzephyr glacier moraine crevasse"),
+            # Accepted, but nothing to read: their tasks end them error_parsing saying why.
+            ("blank.txt", b"  \n\n \t "),
+            ("broken.pdf", b"%PDF-1.4\nthis is not a pdf at all"),
+            ("scripts.html", b"<script>only code</script>"),
+        ]
+        r = await upload(client, base, sent)
         assert r.status_code == 202, r.text
-        assert await run_pending(svc) == ["failed"] * 4
-        expected = {
-            "blank.txt": "no text found",
-            "binary.txt": "not a text file",
-            "broken.pdf": "not a readable PDF",
-            "scripts.html": "no text found",
+        entries = {e["filename"]: e for e in r.json()["files"]}
+        assert [e["filename"] for e in r.json()["files"]] == [name for name, _ in sent]
+        refused = {
+            "empty.txt": "the file is empty",
+            "tool.exe": "not a supported file type: .exe files are not read",
+            "README": "a file with no extension is not read",
+            "big.txt": "over the 2,000-byte limit per file (DTASK_MAX_UPLOAD_BYTES)",
         }
-        for entry in r.json()["files"]:
-            row = await file_row(svc, entry["id"])
-            assert row["status"] == "error_parsing", row
-            assert expected[row["filename"]] in row["error_message"], row
-            task = await scalar(svc, "SELECT error FROM tasks WHERE id = :id", id=entry["task_id"])
-            assert task["code"] == "handler_error" and expected[row["filename"]] in task["message"]
+        for name, why in refused.items():
+            e = entries[name]
+            assert e["status"] == "error_parsing" and e["task_id"] is None and why in e["error_message"], e
+            row = await file_row(svc, e["id"])
+            assert row["status"] == "error_parsing" and why in row["error_message"]
+            assert row["content_hash"] is None and row["task_id"] is None
+        assert (await file_row(svc, entries["tool.exe"]["id"]))["file_type"] == "other"
+        assert (await file_row(svc, entries["big.txt"]["id"]))["size_bytes"] == 2001
+        kept = [n for n in entries if n not in refused]
+        assert all(entries[n]["status"] == "uploaded" and entries[n]["task_id"] for n in kept)
+        # Only the kept files have a task and an original in the bucket.
+        assert await scalar(svc, "SELECT count(*) FROM tasks") == len(kept)
+        assert sorted(object_names(knowledge_stores, f"{base}/")) == sorted(
+            f"{base}/{entries[n]['id']}" for n in kept
+        )
+
+        assert sorted(await run_pending(svc)) == ["failed"] * 3 + ["success"] * 2
+        unreadable = {
+            "blank.txt": "no text found",
+            "broken.pdf": "not a readable PDF",
+            "scripts.html": "no text",
+        }
+        for name, why in unreadable.items():
+            row = await file_row(svc, entries[name]["id"])
+            assert row["status"] == "error_parsing" and why in row["error_message"], row
+            task = await scalar(svc, "SELECT error FROM tasks WHERE id = :id", id=entries[name]["task_id"])
+            assert task["code"] == "handler_error" and why in task["message"]
+        for name in ("good.txt", "guide.md"):
+            assert (await file_row(svc, entries[name]["id"]))["status"] == "indexed"
+
+        # Every file is in the list with its reason; the refused ones are shown like any other.
+        listed = (await client.get(f"/knowledge/bases/{base}/files", headers=ALICE)).json()["items"]
+        assert {f["filename"]: f["status"] for f in listed} == {
+            **{n: "error_parsing" for n in [*refused, *unreadable]},
+            "good.txt": "indexed",
+            "guide.md": "indexed",
+        }
+        shown = (await client.get(f"/knowledge/files/{entries['tool.exe']['id']}", headers=ALICE)).json()
+        assert shown["file_type"] == "other" and refused["tool.exe"] in shown["error_message"]
+        counts = (await client.get(f"/knowledge/bases/{base}", headers=ALICE)).json()["file_counts"]
+        assert counts == {"error_parsing": 7, "indexed": 2}
+
+        # Nothing to parse in a refused file: a reindex of it is refused, and reindex-pending takes
+        # only the files that were kept.
+        r = await client.post(f"/knowledge/files/{entries['empty.txt']['id']}/reindex", headers=ALICE)
+        assert r.status_code == 409 and "refused at upload" in r.json()["detail"], r.text
+        r = await client.post(f"/knowledge/bases/{base}/reindex-pending", headers=ALICE)
+        assert r.status_code == 202, r.text
+        assert sorted(f["filename"] for f in r.json()["files"]) == sorted(unreadable)
+        assert await run_pending(svc) == ["success"]
+
+        # A refused file is deleted like any other.
+        for name in refused:
+            assert (
+                await client.delete(f"/knowledge/files/{entries[name]['id']}", headers=ALICE)
+            ).status_code == 204
+        listed = (await client.get(f"/knowledge/bases/{base}/files", headers=ALICE)).json()["items"]
+        assert sorted(f["filename"] for f in listed) == sorted(["good.txt", "guide.md", *unreadable])
 
 
 # Every bidirectional control: embeddings, overrides, isolates and marks.
@@ -347,12 +413,13 @@ async def test_an_upload_over_the_owners_pending_quota_stores_nothing(
 ) -> None:
     async with knowledge_api(owner_max_pending=3) as (client, svc):
         base = await create_base(client)
-        r = await upload(client, base, [(f"f{i}.txt", b"words") for i in range(5)])
+        r = await upload(client, base, [(f"f{i}.txt", b"words %d" % i) for i in range(5)])
         assert r.status_code == 429 and "DTASK_OWNER_MAX_PENDING" in r.json()["detail"]
         assert await scalar(svc, "SELECT count(*) FROM knowledge_files") == 0
         assert await scalar(svc, "SELECT count(*) FROM tasks") == 0
         assert object_names(knowledge_stores, f"{base}/") == []  # the originals were taken back
-        assert (await upload(client, base, [(f"f{i}.txt", b"words") for i in range(3)])).status_code == 202
+        three = [(f"f{i}.txt", b"words %d" % i) for i in range(3)]
+        assert (await upload(client, base, three)).status_code == 202
 
 
 async def test_a_reindex_removes_the_vectors_past_the_files_last_chunk_by_id(
@@ -390,3 +457,222 @@ async def test_a_reindex_removes_the_vectors_past_the_files_last_chunk_by_id(
         assert vector_count(milvus, base, file_id) == chunks == (await file_row(svc, file_id))["chunk_count"]
         rows_left = await scalar(svc, "SELECT count(*) FROM knowledge_chunks WHERE file_id = :id", id=file_id)
         assert rows_left == chunks
+
+
+async def _chunk_tokens(svc: Any, file_id: str) -> list[Any]:
+    from sqlalchemy import text
+
+    async with svc.engine.connect() as conn:
+        rows = await conn.execute(
+            text("SELECT attempt_token FROM knowledge_chunks WHERE file_id = :id ORDER BY seq"),
+            {"id": file_id},
+        )
+        return list(rows.scalars())
+
+
+async def test_the_same_content_again_is_the_same_file(knowledge_stores: dict[str, str]) -> None:
+    data = b"quokka marsupial rottnest island herbivore nocturnal words " * 30
+    async with knowledge_api() as (client, svc):
+        base = await create_base(client)
+        [first] = (await upload(client, base, [("notes.txt", data)])).json()["files"]
+        assert "duplicate_of" not in first or first["duplicate_of"] is None
+        assert await run_pending(svc) == ["success"]
+        row = await file_row(svc, first["id"])
+        assert row["content_hash"] == hashlib.sha256(data).hexdigest() and row["status"] == "indexed"
+        tokens = await _chunk_tokens(svc, first["id"])
+
+        # Again, under another name, beside a new file and with a twin of its own in the request.
+        other = b"zephyr glacier moraine crevasse serac icefall"
+        r = await upload(client, base, [("copy.md", data), ("new.txt", other), ("copy2.txt", data)])
+        assert r.status_code == 202, r.text
+        copy, new, copy2 = r.json()["files"]
+        for dup, name in ((copy, "copy.md"), (copy2, "copy2.txt")):
+            assert dup["duplicate_of"] == dup["id"] == first["id"], dup
+            assert dup["filename"] == name  # as sent, so a client can match its entries
+            assert dup["status"] == "indexed" and dup["task_id"] == first["task_id"]
+        assert new.get("duplicate_of") is None and new["status"] == "uploaded" and new["task_id"]
+        # Nothing stored twice, nothing indexed again: one new task, two rows, two originals.
+        assert await scalar(svc, "SELECT count(*) FROM tasks") == 2
+        assert await scalar(svc, "SELECT count(*) FROM knowledge_files") == 2
+        assert sorted(object_names(knowledge_stores, f"{base}/")) == sorted(
+            f"{base}/{fid}" for fid in (first["id"], new["id"])
+        )
+        assert await run_pending(svc) == ["success"]
+        assert await _chunk_tokens(svc, first["id"]) == tokens  # its chunks were not rewritten
+        assert vector_count(milvus_client(knowledge_stores), base, first["id"]) == row["chunk_count"]
+
+        # The same bytes in another base are that base's own file.
+        other_base = await create_base(client)
+        [elsewhere] = (await upload(client, other_base, [("notes.txt", data)])).json()["files"]
+        assert elsewhere.get("duplicate_of") is None and elsewhere["id"] != first["id"]
+
+        # To replace a file: delete it, then upload.
+        assert (await client.delete(f"/knowledge/files/{first['id']}", headers=ALICE)).status_code == 204
+        [again] = (await upload(client, base, [("notes.txt", data)])).json()["files"]
+        assert again.get("duplicate_of") is None and again["id"] != first["id"]
+        assert await run_pending(svc) == ["success", "success"]
+        assert (await file_row(svc, again["id"]))["status"] == "indexed"
+
+
+async def test_concurrent_uploads_of_the_same_content_end_as_one_file(
+    knowledge_stores: dict[str, str],
+) -> None:
+    one = b"lighthouse keeper fresnel lantern foghorn beacon " * 50
+    two = b"basalt columnar lava jointing causeway hexagonal " * 50
+
+    def files(i: int) -> list[tuple[str, bytes]]:
+        # Half the requests send the shared files in the other order.
+        shared = [(f"one-{i}.txt", one), (f"two-{i}.txt", two)]
+        return [*(shared if i % 2 else shared[::-1]), (f"own{i}.txt", b"own words %d" % i)]
+
+    async with knowledge_api() as (client, svc):
+        base = await create_base(client)
+        answers = await asyncio.gather(*(upload(client, base, files(i)) for i in range(8)))
+        assert [a.status_code for a in answers] == [202] * 8, [a.text for a in answers]
+        for data in (one, two):
+            name = "one" if data is one else "two"
+            copies = [e for a in answers for e in a.json()["files"] if e["filename"].startswith(name)]
+            [file_id] = {c["id"] for c in copies}
+            assert [c.get("duplicate_of") for c in copies].count(None) == 1
+            assert [c.get("duplicate_of") for c in copies].count(file_id) == 7
+            # One row, one task and one original for each shared content.
+            digest = hashlib.sha256(data).hexdigest()
+            row = await scalar(svc, "SELECT file_id FROM knowledge_files WHERE content_hash = :h", h=digest)
+            assert row == file_id
+        # Each request's own file too: 2 + 8 files, tasks and originals.
+        assert await scalar(svc, "SELECT count(*) FROM knowledge_files") == 10
+        assert await scalar(svc, "SELECT count(*) FROM tasks") == 10
+        assert len(object_names(knowledge_stores, f"{base}/")) == 10
+        assert await run_pending(svc) == ["success"] * 10
+
+
+async def test_uploads_of_the_same_files_in_other_orders_wait_for_each_other_not_deadlock(
+    knowledge_stores: dict[str, str],
+) -> None:
+    """Each upload inserts its new contents in hash order, so a transaction holding one content
+    (not yet committed) makes another wait before it takes any content after it."""
+    from sqlalchemy import text
+
+    async with knowledge_api() as (client, svc):
+        base = await create_base(client)
+        low, high = sorted(hashlib.sha256(b"%d" % i).hexdigest() for i in range(2))
+
+        def row(digest: str) -> dict[str, Any]:
+            return {"file_id": catalog.new_id(), "kb_id": base, "filename": f"{digest[:6]}.txt",
+                    "file_type": "txt", "size_bytes": 1, "content_hash": digest}  # fmt: skip
+
+        async with svc.engine.connect() as first, svc.engine.connect() as second:
+            await first.begin()
+            await second.begin()
+            assert len(await catalog.insert_new_contents(first, [row(low)])) == 1
+            pid = (await second.execute(text("SELECT pg_backend_pid()"))).scalar()
+            # The other upload sends the two contents high first; it waits on ``low``, holding nothing.
+            theirs = asyncio.create_task(catalog.insert_new_contents(second, [row(high), row(low)]))
+
+            async def waiting() -> bool:
+                async with svc.engine.connect() as look:
+                    found = await look.execute(
+                        text("SELECT wait_event_type FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
+                    )
+                    return found.scalar() == "Lock"
+
+            for _ in range(200):
+                if await waiting():
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the second upload never waited for the first")
+            # So the first may still take ``high``: in the other order this was a deadlock.
+            assert len(await catalog.insert_new_contents(first, [row(high)])) == 1
+            await first.commit()
+            assert await theirs == set()  # both contents are the first upload's files
+            await second.commit()
+        assert await scalar(svc, "SELECT count(*) FROM knowledge_files") == 2
+
+
+def _long_paragraph(words: list[str], seed: int) -> str:
+    # About 900 characters: one chunk on its own (chunks hold up to 1,000).
+    return " ".join(words[(i * 7 + seed) % len(words)] for i in range(130))
+
+
+async def test_search_names_files_has_a_floor_and_shows_each_text_once(
+    knowledge_stores: dict[str, str],
+) -> None:
+    shared = _long_paragraph(WORDS["pdf"] + FILLER, 1)
+    a_text = shared + "\n\n" + _long_paragraph(WORDS["txt"] + FILLER, 2)
+    b_text = shared + "\n\n" + _long_paragraph(WORDS["md"] + FILLER, 3)
+    async with knowledge_api() as (client, svc):
+        base = await create_base(client)
+        r = await upload(client, base, [("alpha.txt", a_text.encode()), ("beta.txt", b_text.encode())])
+        alpha, beta = r.json()["files"]
+        assert await run_pending(svc) == ["success", "success"]
+        assert (await file_row(svc, alpha["id"]))["chunk_count"] == 2
+
+        async def search(**body: Any) -> list[dict[str, Any]]:
+            r = await client.post(f"/knowledge/bases/{base}/search", json=body, headers=ALICE)
+            assert r.status_code == 200, r.text
+            hits: list[dict[str, Any]] = r.json()["hits"]
+            return hits
+
+        # Four chunks, three texts: the shared one is shown once, and top_k is still filled.
+        hits = await search(query=" ".join(WORDS["pdf"]), top_k=3)
+        assert len(hits) == 3 and len({h["text"] for h in hits}) == 3, hits
+        assert hits[0]["text"] == shared and hits[0]["filename"] in ("alpha.txt", "beta.txt")
+        names = {alpha["id"]: "alpha.txt", beta["id"]: "beta.txt"}
+        assert all(h["filename"] == names[h["file_id"]] for h in hits)
+        assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
+
+        # A floor between the best and the rest keeps only the best.
+        floor = (hits[0]["score"] + hits[1]["score"]) / 2
+        assert [
+            h["chunk_id"] for h in await search(query=" ".join(WORDS["pdf"]), top_k=3, min_score=floor)
+        ] == [hits[0]["chunk_id"]]
+        assert await search(query=" ".join(WORDS["pdf"]), min_score=1) == [] or hits[0]["score"] >= 1
+        assert len(await search(query=" ".join(WORDS["pdf"]), top_k=3, min_score=-1)) == 3
+
+        for bad in (b"1.5", b"-1.01", b"NaN", b"Infinity", b'"0.5"', b"true"):
+            r = await client.post(
+                f"/knowledge/bases/{base}/search",
+                content=b'{"query": "x", "min_score": ' + bad + b"}",
+                headers={**ALICE, "content-type": "application/json"},
+            )
+            assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "min_score", (bad, r.text)
+        assert len(await search(query="x", min_score=0, top_k=1)) <= 1  # an integer is a number
+
+
+async def test_a_file_in_progress_shows_its_tasks_attempt(knowledge_stores: dict[str, str]) -> None:
+    from sqlalchemy import text
+
+    from domains.knowledge.tasks import MAX_ATTEMPTS
+
+    async with knowledge_api() as (client, svc):
+        base = await create_base(client)
+        [entry] = (await upload(client, base, [("doc.txt", b"some words " * 40)])).json()["files"]
+        file_id, task_id = entry["id"], uuid.UUID(entry["task_id"])
+
+        async def shown() -> tuple[Any, Any]:
+            one = (await client.get(f"/knowledge/files/{file_id}", headers=ALICE)).json()
+            [listed] = (await client.get(f"/knowledge/bases/{base}/files", headers=ALICE)).json()["items"]
+            assert (listed["attempt"], listed["max_attempts"]) == (one["attempt"], one["max_attempts"])
+            return one["attempt"], one["max_attempts"]
+
+        assert await shown() == (1, MAX_ATTEMPTS)  # waiting for its first claim
+        claim = await svc.repo.claim(task_id, svc.registry, capacity=10, lease_seconds=30)
+        assert not isinstance(claim, str), claim
+        async with svc.engine.begin() as conn:
+            assert await catalog.start(conn, file_id, task_id, claim.token) is not None
+        assert await shown() == (1, MAX_ATTEMPTS)  # running its first
+        # The attempt falls silent; the reconciler sends the retry-safe task back with backoff.
+        async with svc.engine.begin() as conn:
+            await conn.execute(
+                text("UPDATE tasks SET lease_expires_at = clock_timestamp() - interval '1 s' WHERE id = :id"),
+                {"id": task_id},
+            )
+        report = await svc.repo.reconcile(svc.registry, batch=10, retry_delay=lambda n: 0.0)
+        assert report.retried == 1
+        assert (await file_row(svc, file_id))["status"] == "parsing"
+        assert await shown() == (2, MAX_ATTEMPTS)  # the file waits for its second attempt
+        assert await run_pending(svc) == ["success"]
+        assert await shown() == (None, None)  # indexed: no attempt to show
+        task = (await client.get(f"/tasks/{task_id}", headers=ALICE)).json()
+        assert task["attempt_count"] == 2

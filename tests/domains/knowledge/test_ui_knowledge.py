@@ -311,3 +311,44 @@ async def test_a_base_of_ten_thousand_files_renders_a_page_at_a_time(
     for name, ms in figures.items():
         print(f"  {name:35s} {ms:7.1f}")
         record_property(name, round(ms, 1))
+
+
+async def test_files_in_progress_show_their_attempt_and_refused_files_say_so(svc: Any, browser: Any) -> None:
+    from domains.knowledge.tasks import MAX_ATTEMPTS
+
+    s = await seeded(svc)
+    refused = catalog.new_id()
+    async with svc.engine.begin() as conn:
+        await catalog.insert_files(
+            conn,
+            [
+                {"file_id": refused, "kb_id": s["base"], "filename": "tool.exe", "file_type": "other",
+                 "size_bytes": 4, "status": "error_parsing", "task_id": None,
+                 "error_message": "not a supported file type: .exe files are not read"}
+            ],
+        )  # fmt: skip
+    alice = await browser("alice")
+    rows = shown(await alice.get(f"/ui/knowledge/bases/{s['base']}"))
+    attempt = re.compile(r'data-attempt="(\d+)"[^>]*>attempt (\d+) of (\d+)<')
+
+    def attempt_shown(name: str) -> tuple[int, ...] | None:
+        found = attempt.search(rows[s["files"][name][0]][1])
+        return tuple(int(n) for n in found.groups()) if found else None
+
+    # Waiting for its first claim, and running it: attempt 1 of the type's max.
+    assert attempt_shown("waiting.txt") == (1, 1, MAX_ATTEMPTS)
+    assert attempt_shown("reading.txt") == (1, 1, MAX_ATTEMPTS)
+    assert attempt_shown("done.txt") is None and attempt_shown("broken.txt") is None
+    # The reading file's attempt lapses; the reconciler sends its task back: it waits for attempt 2.
+    async with svc.engine.begin() as conn:
+        await conn.execute(
+            text("UPDATE tasks SET lease_expires_at = clock_timestamp() - interval '1 s' WHERE id = :id"),
+            {"id": s["files"]["reading.txt"][1]},
+        )
+    report = await svc.repo.reconcile(svc.registry, batch=10, retry_delay=lambda n: 60.0)
+    assert report.retried == 1
+    rows = shown(await alice.get(f"/ui/knowledge/bases/{s['base']}/files"))
+    assert attempt_shown("reading.txt") == (2, 2, MAX_ATTEMPTS)
+    status, html = rows[refused]
+    assert status == "error_parsing" and "refused at upload" in html and ".exe files are not read" in html
+    assert "pruned" not in html
