@@ -20,7 +20,6 @@ from domains.knowledge.model import (
     ERROR_INDEXING,
     ERROR_PARSING,
     IN_PROGRESS,
-    OTHER,
     UPLOADED,
 )
 from tasks_core import cursor as keyset
@@ -125,11 +124,15 @@ async def insert_files(conn: AsyncConnection, rows: Sequence[Row]) -> None:
             text(
                 """INSERT INTO knowledge_files
                    (file_id, kb_id, filename, file_type, size_bytes, status, error_message, content_hash,
-                    task_id)
+                    task_id, refused_at_upload)
             VALUES (:file_id, :kb_id, :filename, :file_type, :size_bytes, :status, :error_message,
-                    :content_hash, :task_id)"""
+                    :content_hash, :task_id, :refused_at_upload)"""
             ),
-            [{"status": UPLOADED, "error_message": None, "content_hash": None, **r} for r in rows],
+            [
+                {"status": UPLOADED, "error_message": None, "content_hash": None, "refused_at_upload": False}
+                | dict(r)
+                for r in rows
+            ],
         )
 
 
@@ -274,17 +277,13 @@ async def assign(conn: AsyncConnection, file_ids: Sequence[str], task_id: uuid.U
     )
 
 
-# Files refused at upload (no supported type, empty, over the per-file limit): no original was
-# kept, so no task can ever parse them; delete them and upload a file that can be.
-_REFUSED = "(f.file_type = 'other' OR f.size_bytes = 0 OR f.size_bytes > :max_bytes)"
+def refused_at_upload(row: Row) -> bool:
+    """Recorded error_parsing at upload: no original was kept, so no task can ever parse it;
+    delete it and upload a file that can be."""
+    return bool(row["refused_at_upload"])
 
 
-def refused_at_upload(row: Row, max_bytes: int) -> bool:
-    """The Python side of ``_REFUSED``, for one file row."""
-    return bool(row["file_type"] == OTHER or row["size_bytes"] == 0 or row["size_bytes"] > max_bytes)
-
-
-async def reindexable(conn: AsyncConnection, base_id: str, max_bytes: int) -> list[str]:
+async def reindexable(conn: AsyncConnection, base_id: str) -> list[str]:
     """Files of a base waiting for work no task will do: errored, or uploaded under a finished task
     (not those refused at upload: there is nothing to parse)."""
     rows = (
@@ -292,10 +291,10 @@ async def reindexable(conn: AsyncConnection, base_id: str, max_bytes: int) -> li
             text(
                 f"""SELECT f.file_id FROM knowledge_files f LEFT JOIN tasks t ON t.id = f.task_id
         WHERE f.kb_id = :kb AND (t.id IS NULL OR t.status NOT IN {_ACTIVE})
-          AND f.status IN ('{ERROR_PARSING}', '{ERROR_INDEXING}', '{UPLOADED}') AND NOT {_REFUSED}
+          AND f.status IN ('{ERROR_PARSING}', '{ERROR_INDEXING}', '{UPLOADED}') AND NOT f.refused_at_upload
         ORDER BY f.created_at, f.file_id FOR UPDATE OF f"""
             ),
-            {"kb": base_id, "max_bytes": max_bytes},
+            {"kb": base_id},
         )
     ).all()
     return [r[0] for r in rows]

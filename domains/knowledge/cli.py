@@ -75,14 +75,25 @@ def upload(
     found, skipped = _documents(paths)
     for path in skipped:
         typer.echo(f"skipped (not one of {SUPPORTED}): {path}", err=True)
+    kinds: Counter[str] = Counter()
     with connect(api, key, timeout=300) as client:
         for start in range(0, len(found), batch):
             group = found[start : start + batch]
             parts = [("files", (p.name, p.read_bytes(), "application/octet-stream")) for p in group]
             body = ok(client.post(f"/knowledge/bases/{base_id}/files", files=parts), 202)
             for entry in body["files"]:
-                typer.echo(f"{entry['id']}  {entry['status']:<9} {entry['filename']}")
-    typer.echo(f"uploaded {len(found)} files", err=True)
+                line = f"{entry['id']}  {entry['status']:<13} {entry['filename']}"
+                if entry.get("duplicate_of"):
+                    kinds["duplicates"] += 1
+                    line += f"  (same content as file {entry['duplicate_of']}: not indexed again)"
+                elif entry.get("error_message"):
+                    kinds["refused"] += 1
+                    line += f": {entry['error_message']}"
+                else:
+                    kinds["new"] += 1
+                typer.echo(line)
+    summary = ", ".join(f"{kinds[k]} {k}" for k in ("new", "duplicates", "refused") if kinds[k])
+    typer.echo(f"uploaded {len(found)} files" + (f": {summary}" if summary else ""), err=True)
 
 
 def _all_files(client: httpx.Client, base_id: str) -> list[dict[str, Any]]:
@@ -123,17 +134,21 @@ def search(
     base_id: str,
     query: str,
     top_k: Annotated[int, typer.Option("--top-k", min=1, max=100)] = 5,
+    min_score: Annotated[
+        float | None, typer.Option("--min-score", min=-1.0, max=1.0, help="leave out hits scoring less")
+    ] = None,
     api: Api = "http://127.0.0.1:8000",
     key: Key = "",
 ) -> None:
-    """The chunks most similar to QUERY."""
+    """The passages most similar to QUERY, best first: score, file name, text."""
+    body: dict[str, Any] = {"query": query, "top_k": top_k}
+    if min_score is not None:
+        body["min_score"] = min_score
     with connect(api, key, timeout=300) as client:
-        hits = ok(
-            client.post(f"/knowledge/bases/{base_id}/search", json={"query": query, "top_k": top_k}), 200
-        )
+        hits = ok(client.post(f"/knowledge/bases/{base_id}/search", json=body), 200)
     for hit in hits["hits"]:
         snippet = " ".join(hit["text"].split())[:160]
-        typer.echo(f"{hit['score']:.3f}  {hit['file_id']}  {snippet}")
+        typer.echo(f"{hit['score']:.3f}  {hit['filename']}  {snippet}")
 
 
 @cli.command()

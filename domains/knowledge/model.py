@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -20,6 +21,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
     func,
 )
 from sqlalchemy.dialects.postgresql import UUID
@@ -71,6 +73,9 @@ knowledge_files = Table(
     Column("chunk_count", Integer, nullable=False, server_default="0"),
     # sha256 of the uploaded bytes: the same content uploaded to a base again is the same file.
     Column("content_hash", String(64), nullable=True),
+    # Recorded error_parsing at upload (no supported type, empty, over the per-file limit): no
+    # original was kept, so no task can parse it; it is deleted, not reindexed.
+    Column("refused_at_upload", Boolean, nullable=False, server_default=false()),
     # The task that owns the row now; a pruned task leaves the file (and its last verdict) alone.
     Column("task_id", UUID(as_uuid=True), ForeignKey("tasks.id", ondelete="SET NULL"), nullable=True),
     # The attempt that moved it into its current in-progress state.

@@ -37,7 +37,7 @@ async def reindex_file(svc: Services, file_id: str, owner: str) -> FileReindex |
         if row["task_active"]:
             active = "the file's task is still active; cancel it or wait"
             return FileReindex(None, row["filename"], active, row["task_id"])
-        if catalog.refused_at_upload(row, svc.settings.max_upload_bytes):
+        if catalog.refused_at_upload(row):
             refused = f"{row['filename']} was refused at upload ({row['error_message']}); delete it"
             return FileReindex(None, row["filename"], refused)
         submitted = await tx.add(TaskIntent(REINDEX, {"file_id": file_id}, dedupe_key=f"file:{file_id}"))
@@ -67,7 +67,7 @@ async def reindex_base(svc: Services, base_id: str, owner: str) -> BaseReindex:
             submitted = await tx.add(TaskIntent(REINDEX, {"base_id": base_id}, dedupe_key=f"base:{base_id}"))
             if submitted.duplicate_of is not None:
                 return BaseReindex(None, [], submitted.duplicate_of)
-            file_ids = await catalog.reindexable(tx.conn, base_id, svc.settings.max_upload_bytes)
+            file_ids = await catalog.reindexable(tx.conn, base_id)
             if not file_ids:
                 raise _NothingToDo  # roll the task back: nothing would run
             await catalog.assign(tx.conn, file_ids, submitted.task_id)

@@ -379,7 +379,11 @@ async def _record(tx: Any, base_id: str, entries: list[_Entry]) -> None:
     for e in refused:
         e.status = "error_parsing"
     await catalog.insert_files(
-        conn, [_row(base_id, e, status=e.status, error_message=e.refused, task_id=None) for e in refused]
+        conn,
+        [
+            _row(base_id, e, status=e.status, error_message=e.refused, task_id=None, refused_at_upload=True)
+            for e in refused
+        ],
     )
     # The same bytes twice in one request: the first is the file, the others its duplicates.
     first: dict[str, _Entry] = {}

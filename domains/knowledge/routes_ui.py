@@ -86,7 +86,7 @@ async def _files(svc: Services, viewer: Viewer, base: dict[str, Any], f: StatusP
             raise UiError(400, "That page link is not valid; start again from the newest files.") from None
     for row in rows:
         row["attempt"] = attempt_of(row, svc.registry)
-        row["refused"] = catalog.refused_at_upload(row, svc.settings.max_upload_bytes)
+        row["refused"] = catalog.refused_at_upload(row)
     return {
         "viewer": viewer,
         "base": base,

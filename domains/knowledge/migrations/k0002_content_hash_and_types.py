@@ -1,5 +1,5 @@
-"""knowledge domain: a file's content hash (one file per content in a base) and the file types
-rst, docx, csv, json and "other" (kept, and ended error_parsing)
+"""knowledge domain: a file's content hash (one file per content in a base), whether it was
+refused at upload, and the file types rst, docx, csv, json and "other" (kept, ended error_parsing)
 
 Revision ID: k0002
 Revises: 0005
@@ -20,6 +20,10 @@ OLD_TYPES = "('txt', 'md', 'html', 'pdf')"
 
 def upgrade() -> None:
     op.add_column("knowledge_files", sa.Column("content_hash", sa.String(length=64), nullable=True))
+    op.add_column(
+        "knowledge_files",
+        sa.Column("refused_at_upload", sa.Boolean(), server_default=sa.false(), nullable=False),
+    )
     op.create_index(
         "uq_knowledge_files_kb_hash", "knowledge_files", ["kb_id", "content_hash"], unique=True
     )
@@ -31,4 +35,5 @@ def downgrade() -> None:
     op.drop_constraint("file_type", "knowledge_files", type_="check")
     op.create_check_constraint("file_type", "knowledge_files", f"file_type IN {OLD_TYPES}")
     op.drop_index("uq_knowledge_files_kb_hash", table_name="knowledge_files")
+    op.drop_column("knowledge_files", "refused_at_upload")
     op.drop_column("knowledge_files", "content_hash")

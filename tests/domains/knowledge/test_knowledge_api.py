@@ -330,6 +330,23 @@ async def test_delete_file_takes_its_vectors_chunks_and_object(knowledge_stores:
         assert {h["file_id"] for h in hits} == {keep}
 
 
+async def test_a_lower_upload_limit_later_leaves_accepted_files_reindexable(
+    knowledge_stores: dict[str, str],
+) -> None:
+    """Refused is what the upload recorded, not a reading of today's limit: an operator who lowers
+    DTASK_MAX_UPLOAD_BYTES does not turn the files already kept into refused ones."""
+    async with knowledge_api() as (client, svc):
+        base = await create_base(client)
+        r = await upload(client, base, [("long.txt", b"heron estuary tide " * 200)])
+        file_id = r.json()["files"][0]["id"]
+        assert await run_pending(svc) == ["success"]
+    async with knowledge_api(max_upload_bytes=100) as (client, svc):
+        r = await client.post(f"/knowledge/files/{file_id}/reindex", headers=ALICE)
+        assert r.status_code == 202, r.text
+        assert await run_pending(svc) == ["success"]
+        assert (await file_row(svc, file_id))["status"] == "indexed"
+
+
 async def test_reindex_file_and_reindex_pending_deduplicated_per_base(
     knowledge_stores: dict[str, str],
 ) -> None:

@@ -57,7 +57,11 @@ def test_create_upload_a_folder_watch_and_search(live_api: str, tmp_path: Path) 
     assert invoke(live_api, "files", base, "--watch").strip() == "2 indexed"
     assert "botany" in invoke(live_api, "bases") and "2 indexed" in invoke(live_api, "bases")
     hits = invoke(live_api, "search", base, "spores seeds ferns", "--top-k", "1").splitlines()
-    assert len(hits) == 1 and "Ferns reproduce by spores" in hits[0]
+    assert len(hits) == 1 and "ferns.md  # Ferns Ferns reproduce by spores" in hits[0], hits
+    assert invoke(live_api, "search", base, "spores seeds ferns", "--min-score", "0.99").strip() == ""
+    # The same folder again: the same files, nothing indexed twice.
+    again = invoke(live_api, "upload", base, str(docs))
+    assert "uploaded 2 files: 2 duplicates" in again and again.count("not indexed again") == 2, again
 
 
 @pytest.mark.parametrize(

@@ -323,7 +323,7 @@ async def test_files_in_progress_show_their_attempt_and_refused_files_say_so(svc
             conn,
             [
                 {"file_id": refused, "kb_id": s["base"], "filename": "tool.exe", "file_type": "other",
-                 "size_bytes": 4, "status": "error_parsing", "task_id": None,
+                 "size_bytes": 4, "status": "error_parsing", "task_id": None, "refused_at_upload": True,
                  "error_message": "not a supported file type: .exe files are not read"}
             ],
         )  # fmt: skip
