@@ -30,6 +30,7 @@ from tests.system.conftest import SHUTDOWN_GRACE_SECONDS, Cluster, wait_for
 pytestmark = pytest.mark.system
 
 FILES = 200
+SHUTDOWN_FILES = 40
 CAPACITY = 4
 RECONCILE_SECONDS = 2.0
 # Far beyond the bound asserted: a recovery by the lease fails these tests.
@@ -66,8 +67,8 @@ def _node(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:6]}@{os.uname().nodename}"
 
 
-def _files() -> list[tuple[str, bytes]]:
-    return [(f"crash-{i:03d}.txt", f"file {i} about crash{i} and recovery".encode()) for i in range(FILES)]
+def _files(n: int = FILES) -> list[tuple[str, bytes]]:
+    return [(f"crash-{i:03d}.txt", f"file {i} about crash{i} and recovery".encode()) for i in range(n)]
 
 
 async def _pg_now(svc: Any) -> datetime:
@@ -100,7 +101,7 @@ async def _held(svc: Any, gate: Path) -> list[dict[str, Any]]:
     return await wait_for(full, within=90, interval=1.0, what=f"{CAPACITY} attempts held while indexing")
 
 
-async def _all_indexed(svc: Any, base: str, procs: list[Any]) -> None:
+async def _all_indexed(svc: Any, base: str, procs: list[Any], files: int = FILES) -> None:
     """Every file `indexed` and every task ended; no file ever seen in an error state."""
 
     async def done() -> bool:
@@ -108,17 +109,17 @@ async def _all_indexed(svc: Any, base: str, procs: list[Any]) -> None:
             assert proc.alive(), f"{proc.name} exited"
         counts = {r["status"]: r["n"] for r in await _rows(svc, STATUSES_SQL, kb=base)}
         assert not {"error_parsing", "error_indexing"} & counts.keys(), counts
-        if counts.get("indexed") != FILES:
+        if counts.get("indexed") != files:
             return False
         return not await _rows(svc, "SELECT id FROM tasks WHERE status IN ('pending', 'running')")
 
-    await wait_for(done, within=180, interval=0.5, what=f"{FILES} files indexed")
+    await wait_for(done, within=180, interval=0.5, what=f"{files} files indexed")
 
 
-async def _assert_complete(svc: Any, stores: dict[str, str], base: str) -> None:
+async def _assert_complete(svc: Any, stores: dict[str, str], base: str, count: int = FILES) -> None:
     """Each file's vectors in Milvus are exactly its chunk rows; one successful task per file."""
     files = await _rows(svc, CHUNKS_SQL, kb=base)
-    assert len(files) == FILES
+    assert len(files) == count
     assert all(f["chunk_count"] == f["n"] > 0 for f in files), files
     client = milvus_client(stores)
     rows = await asyncio.to_thread(
@@ -128,7 +129,7 @@ async def _assert_complete(svc: Any, stores: dict[str, str], base: str) -> None:
     vectors = Counter(r["file_id"] for r in rows)
     chunks = Counter({f["file_id"]: f["n"] for f in files})
     assert vectors == chunks, {f: (vectors[f], n) for f, n in chunks.items() if vectors[f] != n}
-    assert await _rows(svc, TASKS_SQL) == [{"status": "success", "n": FILES}]
+    assert await _rows(svc, TASKS_SQL) == [{"status": "success", "n": count}]
 
 
 async def _claimed_again(svc: Any, held: list[dict[str, Any]], since: datetime, outcome: str) -> list[float]:
@@ -236,7 +237,7 @@ async def test_warm_shutdown_mid_ingest_hands_the_files_back_and_another_worker_
     await cluster.wait_worker_ready(first)
     async with knowledge_api() as (client, svc):
         base = await create_base(client)
-        r = await upload(client, base, _files())
+        r = await upload(client, base, _files(SHUTDOWN_FILES))
         assert r.status_code == 202, r.text
 
         held = await _held(svc, gate)
@@ -258,8 +259,8 @@ async def test_warm_shutdown_mid_ingest_hands_the_files_back_and_another_worker_
         assert not {"error_parsing", "error_indexing"} & {f["status"] for f in files}, files
 
         second = cluster.start_worker("worker-2", concurrency=CAPACITY + 2, **env)
-        await _all_indexed(svc, base, [second, beat])
+        await _all_indexed(svc, base, [second, beat], SHUTDOWN_FILES)
         delays = await _claimed_again(svc, held, signalled_at, "worker_shutdown")
         print(f"warm shutdown: {len(held)} held attempts handed back, claimed again "
               f"{', '.join(f'{d:.2f}' for d in delays)} s after the SIGTERM")
-        await _assert_complete(svc, knowledge_stores, base)
+        await _assert_complete(svc, knowledge_stores, base, SHUTDOWN_FILES)
