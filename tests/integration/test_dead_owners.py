@@ -5,9 +5,10 @@ an attempt that ends (or a task claimed afresh) meanwhile is never touched."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
-from repo_helpers import attempt_rows, claim, db_now, start_run_row, submit, task_row
+from repo_helpers import at, attempt_rows, claim, db_now, start_run_row, submit, task_row
 
 from tasks_core.duties import reconciler
 from tasks_core.worker.dead_owners import expire_dead
@@ -94,3 +95,14 @@ async def test_an_expiry_that_commits_first_fences_the_owner_out(services: Any) 
     assert await repo.expire_attempts([got.token]) == [task_id]
     assert not await repo.report(task_id, got.token, 50.0, "still here")
     assert (await task_row(engine, task_id))["progress"] != 50.0
+
+
+async def test_a_lease_that_already_ran_out_is_left_as_it_was(services: Any) -> None:
+    """Expiry only ever shortens a live lease: one that already lapsed keeps its end (the attempt
+    ended then, and the reconciler dates its end so)."""
+    engine = services.engine
+    task_id, got = await _running(services, "diagnostics.sleep", f"{NODE}:101")
+    lease = (await task_row(engine, task_id))["lease_expires_at"]
+    later = at(engine, lease + timedelta(seconds=5))
+    assert await later.expire_attempts([got.token]) == []
+    assert (await task_row(engine, task_id))["lease_expires_at"] == lease
