@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery import Celery
+from celery import Celery, bootsteps
 from celery.signals import (
     after_setup_logger,
     after_setup_task_logger,
@@ -65,6 +65,20 @@ def _only_our_tasks(sender: Celery, **_: Any) -> None:
     anything but our own tasks is discarded as unregistered."""
     for name in [n for n in sender.tasks if n not in OUR_TASKS]:
         sender.tasks.unregister(name)
+
+
+class WatchPoolChildren(bootsteps.StartStopStep):  # type: ignore[misc]
+    """A prefork worker's main process learns of every pool child that exits (``watch_pool``). The
+    pool sets its callbacks while it registers with the event loop (again after a broker
+    reconnection), so they are wrapped on the loop's next turn, after every step registered."""
+
+    requires = ("celery.worker.components:Pool",)
+
+    def register_with_event_loop(self, w: Any, hub: Any) -> None:
+        hub.call_soon(worker.watch_pool, w.pool)
+
+
+app.steps["worker"].add(WatchPoolChildren)
 
 
 @after_setup_logger.connect

@@ -229,7 +229,9 @@ end:
 #endif
 
 /* The database clock passes a running task's lease (nobody renewed it in time: a paused,
- * partitioned or dead owner, or a slow heartbeat). It never moves back. */
+ * partitioned or dead owner, or a slow heartbeat). It never moves back. The early expiry of a
+ * dead process's attempts by their tokens (EXPIRE_ATTEMPTS_SQL) is this same step: it ends the
+ * live lease of a running row at a moment of its choosing and changes nothing else. */
 active proctype Clock() {
   byte c;
 end:

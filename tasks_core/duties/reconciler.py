@@ -1,7 +1,7 @@
 """Reconciler duty: converge expired leases (failed `lease_expired` with the failure hook, or back
 to pending for a retry-safe handler with attempts left), legacy v0 rows and unrunnable versions.
-Every run also refreshes the readiness fact: a worker that can reconcile is a worker that can
-recover tasks."""
+Every run relays what is due and refreshes the readiness fact: a worker that can reconcile is a
+worker that can recover tasks."""
 
 from __future__ import annotations
 
@@ -30,7 +30,9 @@ async def reconcile(services: Services) -> ReconcileReport:
     for kind in ("failed", "retried", "cancelled", "legacy", "unrunnable", "hook_errors"):
         if getattr(report, kind):
             metrics.RECONCILED.labels(kind=kind).inc(getattr(report, kind))
-    if report.failed or report.retried or report.cancelled or report.legacy or report.unrunnable:
-        await relay(services)  # converged tasks freed slots
+    # Converged tasks freed slots; and a task sent back to pending with a backoff (by this or an
+    # earlier pass, or by its owner) is due once it has passed: every pass hands them on (one
+    # statement), so a retry waits for its backoff and at most one interval, not for the publisher.
+    await relay(services)
     await write_readiness(services, report)
     return report

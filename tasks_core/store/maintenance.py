@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -12,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from tasks_core.model import LEGACY_VERSION, Status
 from tasks_core.store import statements as sql
 from tasks_core.store.claim import Claims
-from tasks_core.store.execute import Row, run
+from tasks_core.store.execute import Row, plain_uuid, run
 from tasks_core.store.outcomes import HookSource, ReconcileReport, RunnableSource
 from tasks_core.store.transitions import Transitions
 
@@ -98,6 +99,21 @@ class Maintenance(Transitions, Claims):
         if ended:
             log.warning("ended %d worker session(s) stuck in a transaction", len(ended))
         return sum(1 for e in ended if e)
+
+    async def running_attempts_of(self, node: str) -> list[tuple[str, uuid.UUID]]:
+        """(worker, token) of every running attempt claimed by a process of worker node ``node``."""
+        async with self._autocommit() as conn:
+            rows = await run(conn, sql.RUNNING_ATTEMPTS_OF_SQL, {"prefix": f"{node}:"})
+            return [(str(worker), plain_uuid(token)) for worker, token in rows]
+
+    async def expire_attempts(self, tokens: Sequence[uuid.UUID]) -> list[uuid.UUID]:
+        """End the leases of these attempts now (their process is dead); the ids of the tasks whose
+        lease this ended. The reconciler converges them on its next pass."""
+        if not tokens:
+            return []
+        async with self._autocommit() as conn:
+            rows = await run(conn, sql.EXPIRE_ATTEMPTS_SQL, self._p(toks=list(tokens)))
+            return [plain_uuid(task_id) for (task_id,) in rows]
 
     async def reconcile(
         self,

@@ -349,6 +349,23 @@ NEXT_TO_RECONCILE_SQL = Statement(
                                 OR (status = 'pending' AND cancel_requested_at IS NOT NULL))
                             ORDER BY lease_expires_at NULLS FIRST LIMIT 1 FOR UPDATE SKIP LOCKED"""
 )
+# The running attempts of a worker node's processes: every attempt names its process
+# `<node>:<pid>`, so :prefix is `<node>:`. Only running tasks are read (a partial index), each
+# joined to its attempt by the token.
+RUNNING_ATTEMPTS_OF_SQL = Statement(
+    """SELECT a.worker, t.attempt_token FROM tasks t JOIN task_attempts a ON a.token = t.attempt_token
+                        WHERE t.status = 'running' AND starts_with(a.worker, :prefix)"""
+)
+# Early expiry: the attempts whose process is known to be dead lose their lease now, by their
+# tokens (no one else can hold them), so the reconciler's next pass moves their tasks on as it
+# does a lapsed lease. Fenced: an attempt that ended meanwhile (its token cleared) or whose lease
+# already ran out is untouched.
+EXPIRE_ATTEMPTS_SQL = Statement(
+    f"""UPDATE tasks SET lease_expires_at = {NOW}
+                        WHERE status = 'running' AND attempt_token = ANY(CAST(:toks AS uuid[]))
+                          AND lease_expires_at > {NOW}
+                        RETURNING id"""
+)
 LEGACY_BACKLOG_SQL = Statement(
     f"""SELECT status, count(*) FROM tasks
                     WHERE handler_version = {LEGACY_VERSION} AND status IN {ACTIVE_SQL} GROUP BY status"""

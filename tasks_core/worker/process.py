@@ -21,6 +21,7 @@ from billiard.process import active_children, current_process
 from tasks_core.db import SchemaNotCurrent, check_schema_blocking
 from tasks_core.services import Transport
 from tasks_core.settings import Settings, get_settings
+from tasks_core.worker import dead_owners
 from tasks_core.worker.loop import WorkerLoop
 from tasks_core.worker.runtime import HandlerUnresponsive, run_task
 
@@ -71,6 +72,42 @@ class WorkerProcess:
         self.dense = "concurrency.thread" in pool_name
         self.concurrency = int(getattr(worker, "concurrency", 1) or 1)
         refuse_stale_schema("dtask worker")
+        # Before this worker runs or forks anything: the tasks an earlier, dead process under this
+        # node name still holds (this worker restarted after a crash) are freed now, not at their
+        # leases' end.
+        if self.node_name and dead_owners.node_is_local(self.node_name):
+            dead_owners.expire_dead_blocking(
+                get_settings().require_database(), self.node_name,
+                lambda pid: not dead_owners.pid_exists(pid), why="worker start-up",
+            )
+
+    def watch_pool(self, pool: Any) -> None:
+        """In a prefork worker's main process, once its pool is registered with the event loop: run
+        ``child_exited`` whenever billiard reaps a pool child (its ``on_process_down`` callback,
+        which the pool calls before it starts a replacement)."""
+        inner = getattr(getattr(pool, "_pool", None), "on_process_down", None)
+        if inner is None or getattr(inner, "dtask_watched", False):
+            return
+
+        def on_process_down(proc: Any) -> None:
+            inner(proc)
+            self.child_exited(getattr(proc, "pid", None), getattr(proc, "exitcode", None))
+
+        on_process_down.dtask_watched = True  # type: ignore[attr-defined]
+        pool._pool.on_process_down = on_process_down
+
+    def child_exited(self, pid: int | None, exitcode: int | None) -> None:
+        """A pool child is gone: the attempts it still held are expired at once. A child that exited
+        cleanly (shutdown, recycling) ended its attempts itself."""
+        if not pid or exitcode == 0 or not self.node_name:
+            return
+        try:
+            dead_owners.expire_dead_blocking(
+                get_settings().require_database(), self.node_name, lambda p: p == pid,
+                why=f"pool process {pid} exited ({exitcode})",
+            )
+        except Exception:  # never break billiard's pool maintenance
+            log.exception("expiring the attempts of pool process %s failed", pid)
 
     def state(self) -> WorkerLoop:
         """This process's loop, created on first use (after fork, in a prefork child)."""
@@ -80,7 +117,7 @@ class WorkerProcess:
                 # The attempts audit trail (and the readiness fact) name the exact worker process,
                 # not just the machine: several workers share a host, and operators must tell which
                 # one owned an attempt.
-                name = f"{self.node_name}:{os.getpid()}" if self.node_name else None
+                name = dead_owners.worker_name(self.node_name, os.getpid()) if self.node_name else None
                 self._state = WorkerLoop(
                     settings, worker_name=name, dense=self.dense, concurrency=self.concurrency,
                     transport=self._transport(settings),

@@ -495,6 +495,23 @@ class ProtocolMachine(RuleBasedStateMachine):
         w = data.draw(st.sampled_from(self.holders()))
         self.workers[w] = Worker()
 
+    @precondition(lambda self: any(w.token is not None for w in self.workers))
+    @rule(data=st.data())
+    def worker_dies_and_is_expired(self, data: st.DataObject) -> None:
+        """The worker process dies and its worker's main process ends its attempt's lease at once,
+        by the token (TaskStore.expire_attempts): only a live attempt under that token is touched,
+        and its lease now ends at the database's now, as if the clock had passed it."""
+        w = data.draw(st.sampled_from([i for i, w in enumerate(self.workers) if w.token is not None]))
+        worker = self.workers[w]
+        assert worker.task is not None and worker.token is not None
+        task = worker.task
+        owned = self.model.owned(task, worker.token)
+        expired = self.run(self.repo.expire_attempts([worker.token]))
+        expect(expired == ([task.id] if owned else []), f"expiry ended {expired}, model owned={owned}")
+        if owned:
+            task.lease = self.model.clock
+        self.workers[w] = Worker()
+
     # ------------------------------------------------------------------ after every step
 
     @invariant()

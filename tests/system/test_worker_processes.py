@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import time
@@ -435,3 +436,38 @@ async def test_a_handler_that_ignores_cancel_ends_unresponsive_and_its_pool_proc
     done = [await submit(services, "diagnostics.noop", {"n": i}) for i in range(4)]
     for task_id in done:
         assert (await wait_terminal(services, task_id, within=30))["status"] == "success"
+
+
+async def test_a_dense_worker_restarted_under_its_node_name_expires_its_dead_attempts_at_start_up(
+    cluster: Cluster, services: Any
+) -> None:
+    """A threads-pool worker runs its tasks in its one process: SIGKILLed and started again under the
+    same node name, the new process ends the dead one's attempts before it takes work, by their
+    tokens, long before their 60 s lease; the retry-safe task then runs again and succeeds."""
+    env = {"DTASK_LEASE_SECONDS": "60", "DTASK_RETRY_BACKOFF_SECONDS": "0.5"}
+    node = f"dense-{uuid.uuid4().hex[:6]}@{os.uname().nodename}"
+    first = cluster.harness.start_worker(
+        "worker-1", cluster.env(**env), node=node, concurrency=4, pool="threads"
+    )
+    cluster.start_beat(**env)
+    await cluster.wait_worker_ready(first)
+    task_id = await submit(services, "diagnostics.sleep_retry_safe", {"seconds": 4, "steps": 4})
+    await wait_handler_running(services, task_id)
+    lease = (await get(services, task_id))["lease_expires_at"]
+
+    first.killpg(signal.SIGKILL)
+    assert first.wait_exit(10) == -signal.SIGKILL
+    second = cluster.harness.start_worker(
+        "worker-2", cluster.env(**env), node=node, concurrency=4, pool="threads"
+    )
+    row = await wait_terminal(services, task_id, within=STARTUP_TIMEOUT + 4 + MARGIN * 4)
+
+    assert row["status"] == "success" and row["attempt_count"] == 2, row
+    trail = await attempts(services, task_id)
+    assert [a["outcome"] for a in trail] == ["lease_expired", "success"], trail
+    assert trail[0]["worker"] == f"{node}:{first.pid}", trail
+    assert trail[1]["worker"] == f"{node}:{second.pid}", trail
+    early = (lease - trail[0]["ended_at"]).total_seconds()
+    print(f"the dead process's attempt ended {early:.1f} s before its lease ran out")
+    assert early > 30, (lease, trail[0])
+    assert "worker start-up: expired 1 attempt(s) at once" in second.log_text()
