@@ -34,11 +34,14 @@ from domains.knowledge.settings import get_knowledge_settings
 from domains.knowledge.storage import object_key
 from domains.knowledge.stores import KnowledgeStores, StoreConfig
 from tasks_core.db import make_engine
+from tasks_core.devkit.bench.common import BenchError
 
 # Files per pre-fill step: one Milvus insert call (about 2 MiB of vectors), one transaction.
 PREFILL_BATCH = 64
 # S3 puts in flight during a pre-fill step.
 PREFILL_PUTS = 8
+# Seconds the plain pipeline's processes may take to start and connect.
+READY_SECONDS = 120.0
 
 _INSERT_FILE = text(
     f"""INSERT INTO knowledge_files
@@ -211,8 +214,12 @@ def run_plain(target: Target, docs: Sequence[tuple[str, bytes]], concurrency: in
     with ProcessPoolExecutor(concurrency, mp_context=context, initializer=_init, initargs=(target,)) as pool:
         # Every process started and warm before the clock starts.
         ready: dict[int, float] = {}
+        deadline = time.monotonic() + READY_SECONDS
         while len(ready) < concurrency:
+            if time.monotonic() > deadline:
+                raise BenchError(f"only {len(ready)} of the plain pipeline's {concurrency} processes started")
             ready.update(f.result() for f in [pool.submit(_ready) for _ in range(concurrency * 4)])
+            time.sleep(0.05)  # a process still connecting answers once it is up
         started = time.time()
         results = [f.result() for f in [pool.submit(_one, name, data) for name, data in docs]]
     cpu: dict[int, float] = {}
