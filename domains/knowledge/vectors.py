@@ -1,11 +1,13 @@
 """Chunk vectors in Milvus through ``pymilvus``: one collection per base, keyed by chunk id.
 
-A file's vectors are upserted by chunk id (``<file_id>-<seq>``, the same in every attempt), so
-whatever a crashed or overtaken attempt left behind is overwritten, never duplicated; the few past
-a new version's last chunk are deleted by id (``delete_chunks``: by primary key, no scan of the
-collection, so its cost does not grow with the base). Every call blocks (gRPC), so each runs
-in Milvus' own threads (``calls``) with a deadline: a slow or stalled Milvus never stalls the event
-loop, the lease heartbeat or the other stores, and surfaces as ``StoreUnavailable``.
+A file's vectors are keyed by chunk id (``<file_id>-<seq>``, the same in every attempt). An upload's
+first attempt inserts them (``insert``: none of its ids can have a vector yet); every other attempt
+upserts them, so whatever a crashed or overtaken attempt left behind is overwritten, never
+duplicated; the few past a new version's last chunk are deleted by id (``delete_chunks``: by primary
+key, no scan of the collection, so its cost does not grow with the base). Every call blocks (gRPC),
+so each runs in Milvus' own threads (``calls``) with a deadline: a slow or stalled Milvus never
+stalls the event loop, the lease heartbeat or the other stores, and surfaces as
+``StoreUnavailable``.
 
 ``pymilvus`` (with pandas and numpy) takes most of a second to import, so it is imported in those
 threads on first use, never on the event loop of a task whose lease is already running.
@@ -24,6 +26,8 @@ from domains.knowledge.errors import CollectionMissing, StoreUnavailable
 T = TypeVar("T")
 SERVICE = "Milvus"
 UPSERT_BATCH = 64
+# Rows per plain insert (about 2 MiB of 1,024-dimension vectors per call).
+INSERT_BATCH = 512
 DELETE_BATCH = 1000
 # Rows per call when the verifier reads a whole collection.
 SCAN_BATCH = 4096
@@ -182,6 +186,19 @@ class BaseIndex:
         ]
         for start in range(0, len(rows), UPSERT_BATCH):
             await call(self.deadline, self.client.upsert, self.name, rows[start : start + UPSERT_BATCH])
+
+    async def insert(
+        self, files: Sequence[tuple[str, Sequence[str], Sequence[Sequence[float]]]]
+    ) -> None:
+        """Vectors of chunk ids that have none here yet, for several files at once: (file id, chunk
+        ids, vectors) each. A chunk id that has a vector already would then have two."""
+        rows = [
+            {"chunk_id": c, "file_id": file_id, "vector": list(v)}
+            for file_id, chunk_ids, vectors in files
+            for c, v in zip(chunk_ids, vectors, strict=True)
+        ]
+        for start in range(0, len(rows), INSERT_BATCH):
+            await call(self.deadline, self.client.insert, self.name, rows[start : start + INSERT_BATCH])
 
     async def search(self, vector: Sequence[float], limit: int) -> list[Hit]:
         result = await call(

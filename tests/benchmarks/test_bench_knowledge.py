@@ -1,6 +1,6 @@
-"""`dtask bench knowledge-ingest`, tiny (`--quick`), end to end, so it cannot rot, with and without
-`--beside-hostile`; full size under `-m benchmark`. It starts its own api, worker, milvus-lite and
-SeaweedFS on loopback."""
+"""`dtask bench knowledge-ingest`, tiny (`--quick`), end to end, so it cannot rot: plain, with
+`--beside-hostile` and with `--base-size`; full size under `-m benchmark`. It starts its own api,
+worker, milvus-lite and SeaweedFS on loopback."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from domains.knowledge.bench import ALONE, BESIDE, P99_RATIO, TIME_RATIO
+from domains.knowledge.bench_scaling import durable, p50_ratio_name, plain, throughput_ratio_name
 from tests.benchmarks.test_bench_smoke import _root
 
 
@@ -66,6 +67,31 @@ def test_knowledge_ingest_beside_hostile_quick(tmp_path: Path, redis_url: str) -
         assert ending["status"] == "error_parsing" and "(DTASK_KNOWLEDGE_" in ending["error_message"], ending
     assert hostile["a_error_parsing"] == hostile["a_files"] == 3
     assert [row[0] for row in data["table"]["rows"]] == [ALONE, BESIDE]
+
+
+@pytest.mark.system
+def test_knowledge_ingest_base_sizes_quick(tmp_path: Path, redis_url: str) -> None:
+    out = tmp_path / "base-sizes.json"
+    sizes = ["--base-size", "0", "--base-size", "40"]
+    args = ["bench", "knowledge-ingest", "--quick", *sizes, "--out", str(out)]
+    result = CliRunner().invoke(_root(), [*args, "--redis-url", redis_url])
+    assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+    data = json.loads(out.read_text())
+    files = data["settings"]["files"]
+    assert set(data["variants"]) == {durable(0), plain(0), durable(40), plain(40)}
+    for n in (0, 40):
+        [d] = data["variants"][durable(n)]["rounds"]
+        assert d["files"] == d["indexed"] == files and d["errors"] == 0 and d["task_run_p50_ms"] > 0
+        [p] = data["variants"][plain(n)]["rounds"]
+        assert p["files"] == files and p["files_per_s"] > 0 and 0 < p["p50_ms"] <= p["p99_ms"]
+        # The pre-filled base is an honest one: every file indexed, a vector and an original each.
+        filled = d["prefilled"]
+        assert filled["indexed_files"] == filled["originals"] == n
+        assert filled["vectors"] == filled["chunk_rows"] >= n
+        assert d["cpu_ms_per_file"]["worker"] > 0 and p["cpu_ms_per_file"]["plain"] > 0
+    assert data["ratios"][p50_ratio_name(0, 40)] > 0
+    assert data["ratios"][throughput_ratio_name(40)] > 0
+    assert [row[0] for row in data["table"]["rows"]] == [0, 40]
 
 
 @pytest.mark.benchmark

@@ -269,6 +269,10 @@ def knowledge_ingest(
     beside_hostile: Annotated[bool, typer.Option(
         "--beside-hostile",
         help="tenant isolation: tenant B's files alone vs after tenant A's hostile documents")] = False,
+    base_size: Annotated[list[int] | None, typer.Option(
+        "--base-size", min=0,
+        help="repeatable: the batch into a base pre-filled with N indexed files, per N, beside the plain "
+             "pipeline (no task system)")] = None,
     concurrency: Concurrency = None,
     capacity: Capacity = None,
     quick: Quick = False, rounds: Rounds = None, out: Out = None, admin_url: AdminUrl = None,
@@ -279,11 +283,13 @@ def knowledge_ingest(
     Milvus (milvus-lite) and S3 (SeaweedFS) are started for the run on loopback. With
     --beside-hostile, alternating rounds time tenant B's files alone and right after tenant A
     uploaded two amplification PDFs and a 16 MB one-line text: the ratio, A's files' endings and
-    the worker's peak RSS.
+    the worker's peak RSS. With --base-size (repeatable), the batch goes into bases pre-filled with N
+    files, beside the same files through a plain pipeline without the task system.
     """
     workload = importlib.import_module(KNOWLEDGE_WORKLOAD)
     _execute(workload, workload.IngestOptions, quick, out, dict(
-        files=files, size=size, batch=batch, beside_hostile=beside_hostile or None, concurrency=concurrency,
+        files=files, size=size, batch=batch, beside_hostile=beside_hostile or None,
+        base_sizes=tuple(base_size) if base_size else None, concurrency=concurrency,
         capacity=capacity, rounds=rounds, admin_url=admin_url, redis_url=redis_url, redis_db=redis_db,
         flush_redis=flush_redis or None,
     ))
