@@ -49,13 +49,23 @@ def pid_of(name: str, node: str) -> int | None:
 
 
 def pid_exists(pid: int) -> bool:
+    """Whether a process runs under ``pid``. One that exited but is not reaped yet (a zombie: what
+    a killed worker's pool children stay in a container whose PID 1 reaps nothing) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # someone else's process
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read()
+    except FileNotFoundError:
+        return not os.path.isdir("/proc/self")  # gone meanwhile, unless there is no /proc at all
+    except OSError:
         return True
-    return True
+    # "<pid> (<command>) <state> ...": the command may hold spaces and parentheses.
+    return fields[fields.rfind(b")") + 2 : fields.rfind(b")") + 3] != b"Z"
 
 
 def node_is_local(node: str) -> bool:

@@ -23,3 +23,20 @@ def test_only_a_node_of_this_host_and_a_process_that_is_gone_count() -> None:
     assert not node_is_local("worker@another-host.invalid")
     assert pid_exists(os.getpid())
     assert not pid_exists(2**22 + 12345)  # above any pid_max
+
+
+def test_a_process_that_exited_unreaped_is_gone() -> None:
+    """In a container whose PID 1 reaps nothing, a killed worker's pool children stay zombies:
+    they hold no attempt any more, and must not keep their tasks until the lease runs out."""
+    import subprocess
+    import time
+
+    child = subprocess.Popen(["true"])
+    try:
+        deadline = time.monotonic() + 10
+        while os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not pid_exists(child.pid)  # exited, not reaped yet
+    finally:
+        child.wait()
