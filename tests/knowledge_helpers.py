@@ -164,6 +164,16 @@ def make_pdf(lines: Sequence[str]) -> bytes:
         f"<< /Length {len(content)} >>\nstream\n{content}\nendstream",
         "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>",
     ]
+    return pdf_of(objects)
+
+
+def make_empty_pdf() -> bytes:
+    """A well-formed PDF whose page tree is empty."""
+    return pdf_of(["<< /Type /Catalog /Pages 2 0 R >>", "<< /Type /Pages /Kids [] /Count 0 >>"])
+
+
+def pdf_of(objects: Sequence[str]) -> bytes:
+    """A PDF of these objects (numbered from 1; the first is the catalog) with its xref table."""
     out = b"%PDF-1.4\n"
     offsets = []
     for number, body in enumerate(objects, 1):

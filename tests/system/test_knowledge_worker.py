@@ -21,6 +21,7 @@ from tests.knowledge_helpers import (
     create_base,
     file_row,
     knowledge_api,
+    make_empty_pdf,
     milvus_client,
     paragraphs,
     scalar,
@@ -183,19 +184,6 @@ async def test_sigkill_while_indexing_retries_the_file_and_leaves_no_duplicate_v
         await asyncio.sleep(0)
 
 
-def _zero_page_pdf() -> bytes:
-    """A well-formed PDF whose page tree is empty."""
-    objects = ["<< /Type /Catalog /Pages 2 0 R >>", "<< /Type /Pages /Kids [] /Count 0 >>"]
-    out = b"%PDF-1.4\n"
-    offsets = []
-    for number, body in enumerate(objects, 1):
-        offsets.append(len(out))
-        out += f"{number} 0 obj\n{body}\nendobj\n".encode()
-    xref = len(out)
-    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
-    out += "".join(f"{offset:010d} 00000 n \n" for offset in offsets).encode()
-    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
-    return out
 
 
 async def test_a_folder_with_bad_files_indexes_the_good_ones_and_the_same_file_twice_is_one(
@@ -208,7 +196,7 @@ async def test_a_folder_with_bad_files_indexes_the_good_ones_and_the_same_file_t
         (folder / f"doc-{i:02}.md").write_text(paragraphs(words, 3, seed=i))
     (folder / "empty.txt").write_bytes(b"")
     (folder / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 16)
-    (folder / "scan.pdf").write_bytes(_zero_page_pdf())
+    (folder / "scan.pdf").write_bytes(make_empty_pdf())
     bad = {
         "empty.txt": "the file is empty",
         "photo.png": "not a supported file type",
