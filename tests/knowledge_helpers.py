@@ -184,3 +184,14 @@ def pdf_of(objects: Sequence[str]) -> bytes:
     out += "".join(f"{offset:010d} 00000 n \n" for offset in offsets).encode()
     out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
     return out
+
+
+async def lapse_and_reconcile(svc: Any, task_id: Any) -> Any:
+    """The task's attempt falls silent (its lease ended a second ago), then one reconcile pass runs
+    with no backoff; its report."""
+    async with svc.engine.begin() as conn:
+        await conn.execute(
+            text("UPDATE tasks SET lease_expires_at = clock_timestamp() - interval '1 s' WHERE id = :id"),
+            {"id": task_id},
+        )
+    return await svc.repo.reconcile(svc.registry, batch=10, retry_delay=lambda n: 0.0)

@@ -18,6 +18,7 @@ from tests.knowledge_helpers import (
     create_base,
     file_row,
     knowledge_api,
+    lapse_and_reconcile,
     make_pdf,
     milvus_client,
     object_names,
@@ -658,7 +659,6 @@ async def test_search_names_files_has_a_floor_and_shows_each_text_once(
 
 
 async def test_a_file_in_progress_shows_its_tasks_attempt(knowledge_stores: dict[str, str]) -> None:
-    from sqlalchemy import text
 
     from domains.knowledge.tasks import MAX_ATTEMPTS
 
@@ -680,12 +680,7 @@ async def test_a_file_in_progress_shows_its_tasks_attempt(knowledge_stores: dict
             assert await catalog.start(conn, file_id, task_id, claim.token) is not None
         assert await shown() == (1, MAX_ATTEMPTS)  # running its first
         # The attempt falls silent; the reconciler sends the retry-safe task back with backoff.
-        async with svc.engine.begin() as conn:
-            await conn.execute(
-                text("UPDATE tasks SET lease_expires_at = clock_timestamp() - interval '1 s' WHERE id = :id"),
-                {"id": task_id},
-            )
-        report = await svc.repo.reconcile(svc.registry, batch=10, retry_delay=lambda n: 0.0)
+        report = await lapse_and_reconcile(svc, task_id)
         assert report.retried == 1
         assert (await file_row(svc, file_id))["status"] == "parsing"
         assert await shown() == (2, MAX_ATTEMPTS)  # the file waits for its second attempt

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import text
 
 from domains.knowledge.handlers import index_file
 from domains.knowledge.model import INDEXED, INDEXING
@@ -24,6 +23,7 @@ from tests.knowledge_helpers import (
     create_base,
     file_row,
     knowledge_api,
+    lapse_and_reconcile,
     milvus_client,
     run_pending,
     scalar,
@@ -117,12 +117,7 @@ async def test_an_attempt_after_one_that_wrote_the_vectors_upserts_them(
 
         # The task goes back to pending (as the runtime does with a RetryableError); attempt 2
         # finds the chunk rows attempt 1 wrote, so it may not insert: it upserts.
-        async with svc.engine.begin() as conn:
-            await conn.execute(
-                text("UPDATE tasks SET lease_expires_at = clock_timestamp() - interval '1 s' WHERE id = :id"),
-                {"id": task_id},
-            )
-        report = await svc.repo.reconcile(svc.registry, batch=10, retry_delay=lambda n: 0.0)
+        report = await lapse_and_reconcile(svc, task_id)
         assert report.retried == 1
         second = await _attempt(svc, task_id)
         assert second.attempt == 2
