@@ -396,18 +396,24 @@ class PeakRss:
         self.peak = max(self.peak, tree_rss(self.pid))
 
 
+def _tree(pid: int) -> list[Any]:
+    """``pid`` and its descendants as psutil processes (none once it is gone)."""
+    import psutil  # the embedded extra, which this bench needs for Milvus and S3 anyway
+
+    try:
+        main = psutil.Process(pid)
+        return [main, *main.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
 def tree_cpu(pid: int) -> float:
     """CPU seconds (user + system) of ``pid`` and its descendants, the ended ones it waited for
     included (0 once it is gone)."""
     import psutil
 
-    try:
-        main = psutil.Process(pid)
-        procs = [main, *main.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0.0
     total = 0.0
-    for proc in procs:
+    for proc in _tree(pid):
         with contextlib.suppress(psutil.NoSuchProcess):
             t = proc.cpu_times()
             total += t.user + t.system + t.children_user + t.children_system
@@ -416,15 +422,10 @@ def tree_cpu(pid: int) -> float:
 
 def tree_rss(pid: int) -> int:
     """Bytes resident in ``pid`` and its live descendants (0 once it is gone)."""
-    import psutil  # the embedded extra, which this bench needs for Milvus and S3 anyway
+    import psutil
 
-    try:
-        main = psutil.Process(pid)
-        procs = [main, *main.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0
     total = 0
-    for proc in procs:
+    for proc in _tree(pid):
         with contextlib.suppress(psutil.NoSuchProcess):
             total += proc.memory_info().rss
     return total
