@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from domains.knowledge.embedding import HashingEmbedder
+from domains.knowledge.hashing import HashingEmbedder
 
 
 class GateEmbedder(HashingEmbedder):

@@ -107,9 +107,11 @@ def relevant_chunks(item: GeneratedItem, chunks: Sequence[Chunk], limit: int = 2
 def load_generator(spec: str) -> ItemGenerator:
     if spec == "local":
         return LocalGenerator()
+    if spec == "llm":  # the DTASK_LLM_* chat client
+        spec = "domains.evaluation.llm_generator:from_settings"
     try:
         target = import_path(spec)
-        generator = target() if isinstance(target, type) else target
+        generator = target() if callable(target) and not isinstance(target, ItemGenerator) else target
     except (ImportError, AttributeError, TypeError, ValueError) as exc:
         raise ValueError(f"DTASK_EVAL_GENERATOR={spec!r}: {exc}") from exc
     if not isinstance(generator, ItemGenerator):

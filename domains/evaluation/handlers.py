@@ -23,6 +23,7 @@ from domains.evaluation.generation import (
 )
 from domains.evaluation.settings import EvaluationSettings
 from domains.knowledge import catalog
+from domains.knowledge.embedding import embed_texts
 from domains.knowledge.errors import CollectionMissing
 from domains.knowledge.stores import KnowledgeStores, stores_for
 from domains.knowledge.vectors import BaseIndex, Hit
@@ -161,7 +162,7 @@ async def run(ctx: TaskContext) -> Any:
             items = await store.pending_items(conn, row, settings.run_batch_size)
         if not items:
             break
-        vectors = await asyncio.to_thread(embedder.embed, [i["question"] for i in items])
+        vectors = await embed_texts(embedder, [i["question"] for i in items])
         hits = await _search(stores, base, vectors, limit)
         async with ctx.owning_transaction() as conn:
             live = await store.indexed_chunk_ids(conn, base["id"], [h.chunk_id for hs in hits for h in hs])

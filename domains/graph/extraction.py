@@ -150,6 +150,8 @@ def load_extractor(spec: str) -> EntityExtractor:
     """``capitalised`` (the default), or ``module:attribute`` naming an extractor class or factory."""
     if spec == "capitalised":
         return CapitalisedTermExtractor()
+    if spec == "llm":  # the DTASK_LLM_* chat client
+        spec = "domains.graph.llm_extractor:from_settings"
     target = import_path(spec)
     # A class or a factory is called; an instance is used as it is.
     called = isinstance(target, type) or (callable(target) and not hasattr(target, "extract"))

@@ -1,24 +1,21 @@
 """Texts -> unit vectors. The default is local and deterministic; a real model plugs in by name.
 
-``DTASK_EMBEDDER`` is ``hashing`` (the default: hashed word and character-trigram features,
-L2-normalised, so lexical overlap is cosine similarity; no network, no model download) or
-``module:attribute`` naming an ``Embedder`` instance, class or factory. Embedding is CPU work:
-callers run it in a thread.
+``DTASK_EMBEDDER`` is ``hashing`` (the default, ``domains.knowledge.hashing``) or
+``module:attribute`` naming an ``Embedder`` instance, class or factory. ``embed_texts`` is how
+every caller embeds: an embedder with an ``aembed`` coroutine (a network client) is awaited, a
+plain one (CPU work) runs in a thread.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
-import re
-from collections import Counter
+import asyncio
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from domains.knowledge.hashing import DEFAULT_DIMENSION, HashingEmbedder
 from tasks_core.registry import import_path
 
-DEFAULT_DIMENSION = 1024
-_WORD = re.compile(r"\w+", re.UNICODE)
+__all__ = ["DEFAULT_DIMENSION", "Embedder", "HashingEmbedder", "embed_texts", "load_embedder"]
 
 
 @runtime_checkable
@@ -31,47 +28,26 @@ class Embedder(Protocol):
     def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
 
 
-class HashingEmbedder:
-    """Feature hashing of words (weight 1) and character trigrams of words (weight 0.3).
-
-    A stable hash (blake2b, not Python's salted ``hash``) makes the vectors identical in every
-    process; sublinear term frequency keeps one repeated word from dominating a chunk.
-    """
-
-    def __init__(self, dimension: int = DEFAULT_DIMENSION) -> None:
-        self.dimension = dimension
-        self.name = f"hashing-{dimension}"
-
-    def _features(self, text: str) -> Counter[str]:
-        features: Counter[str] = Counter()
-        for word in _WORD.findall(text.lower()):
-            features["w:" + word] += 1
-            padded = f"^{word}$"
-            for i in range(len(padded) - 2):
-                features["c:" + padded[i : i + 3]] += 1
-        return features
-
-    def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        return [self._vector(text) for text in texts]
-
-    def _vector(self, text: str) -> list[float]:
-        vector = [0.0] * self.dimension
-        for feature, count in self._features(text).items():
-            digest = hashlib.blake2b(feature.encode(), digest_size=8).digest()
-            value = int.from_bytes(digest, "little")
-            sign = 1.0 if value & 1 else -1.0  # signed hashing: collisions cancel out on average
-            weight = (1.0 if feature[0] == "w" else 0.3) * (1.0 + math.log(count))
-            vector[(value >> 1) % self.dimension] += sign * weight
-        norm = math.sqrt(sum(v * v for v in vector))
-        return [v / norm for v in vector] if norm else vector
+async def embed_texts(embedder: Embedder, texts: Sequence[str]) -> list[list[float]]:
+    """The texts' vectors, without blocking the event loop."""
+    aembed = getattr(embedder, "aembed", None)
+    if aembed is not None:
+        vectors: list[list[float]] = await aembed(texts)
+        return vectors
+    return await asyncio.to_thread(embedder.embed, texts)
 
 
 def load_embedder(spec: str) -> Embedder:
-    """``hashing`` / ``hashing:DIM`` or ``module:attribute`` (an instance, or a class/factory)."""
+    """``hashing`` / ``hashing:DIM``, ``openai``, ``sentence-transformers:PATH`` or ``module:attribute``
+    (an instance, or a class/factory)."""
     name, _, arg = spec.partition(":")
     if name == "hashing":
         return HashingEmbedder(int(arg) if arg else DEFAULT_DIMENSION)
-    target = import_path(spec)
+    if name == "sentence-transformers":  # a model directory, in-process (optional extra)
+        target = import_path("domains.knowledge.local_model:SentenceTransformerEmbedder")(arg)
+    else:
+        # ``openai``: the DTASK_EMBEDDING_* client of an OpenAI-compatible server
+        target = import_path("domains.knowledge.openai_embedder:from_settings" if spec == "openai" else spec)
     embedder = target() if callable(target) and not isinstance(target, Embedder) else target
     if not isinstance(embedder, Embedder):
         raise ValueError(f"DTASK_EMBEDDER={spec!r} is not an Embedder (name, dimension, embed)")

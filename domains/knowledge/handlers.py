@@ -9,7 +9,6 @@ a child process with memory, time, text and chunk limits (``parse_process``), ki
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from domains.knowledge import catalog
+from domains.knowledge.embedding import embed_texts
 from domains.knowledge.errors import CollectionMissing, ObjectMissing, StoreError, StoreUnavailable
 from domains.knowledge.model import ERROR_INDEXING, ERROR_PARSING, INDEXED, INDEXING, PARSED, PARSING
 from domains.knowledge.parse_process import ParseLimits, parse_file
@@ -230,7 +230,7 @@ async def _replace_vectors(
     for start in range(0, len(texts), EMBED_BATCH):
         ctx.raise_if_cancelled()
         batch = texts[start : start + EMBED_BATCH]
-        vectors = await asyncio.to_thread(embedder.embed, batch)
+        vectors = await embed_texts(embedder, batch)
         ids = chunk_ids[start : start + EMBED_BATCH]
         # milvus-lite's upsert first reads each id's old row in every segment, under the lock its
         # compaction holds: at 80 k vectors it managed half an insert's files/s, with 20 s stalls.

@@ -34,6 +34,7 @@ from app.auth import BodyRoute, Principal
 from app.dependencies import Caller, Svc
 from domains.knowledge import catalog, reindexing
 from domains.knowledge.attempts import attempt_of
+from domains.knowledge.embedding import embed_texts
 from domains.knowledge.errors import CollectionMissing, StoreError
 from domains.knowledge.model import FILE_TYPES, OTHER
 from domains.knowledge.parsing import CONTENT_TYPES, file_type_of
@@ -542,7 +543,7 @@ async def search(base_id: BaseId, body: SearchIn, caller: Caller, svc: Svc, stor
             f"{embedder.name}: set DTASK_EMBEDDER to match",
             headers=RETRY_AFTER,
         )
-    [vector] = await asyncio.to_thread(embedder.embed, [body.query])
+    [vector] = await embed_texts(embedder, [body.query])
     # More than top_k: vectors of files being reindexed or deleted are filtered out below, and a
     # text several files hold is shown once.
     limit = min(4 * body.top_k + SEARCH_SLACK, MAX_SEARCH_FETCH)
