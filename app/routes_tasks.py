@@ -37,7 +37,8 @@ AUTH = {401: {"model": Message, "description": "Missing or invalid API key"}}
 
 def _intent(body: TaskIn) -> TaskIntent:
     return TaskIntent(
-        body.task_type, body.payload, body.handler_version, body.dedupe_key, body.timeout_seconds
+        body.task_type, body.payload, body.handler_version, body.dedupe_key, body.timeout_seconds,
+        run_at=body.run_at, delay_seconds=body.delay_seconds, priority=body.priority,
     )
 
 

@@ -6,7 +6,9 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from tasks_core.model import MAX_PRIORITY, MIN_PRIORITY
 
 # PostgreSQL text cannot hold U+0000: refuse it at the edge instead of failing in the database.
 NO_NUL = r"^[^\x00]*$"
@@ -47,6 +49,21 @@ class TaskIn(BaseModel):
         _d("Ends the task failed (`timeout`) after this long; default: the type's, at most "
            "DTASK_MAX_TIMEOUT_SECONDS", gt=0, allow_inf_nan=False, examples=[3600]),
     ] = None
+    run_at: Annotated[
+        AwareDatetime | None,
+        _d("Not run before this instant (RFC 3339 with a zone; PostgreSQL's clock decides); not with "
+           "delay_seconds", examples=["2026-12-24T18:00:00Z"]),
+    ] = None
+    delay_seconds: Annotated[
+        float | None,
+        _d("Not run before this many seconds from now; not with run_at", ge=0, allow_inf_nan=False,
+           examples=[600]),
+    ] = None
+    priority: Annotated[
+        int,
+        _d(f"Among runnable tasks the higher priority goes first, then the older ({MIN_PRIORITY} to "
+           f"{MAX_PRIORITY})", strict=True, ge=MIN_PRIORITY, le=MAX_PRIORITY),
+    ] = 0
 
 
 class BatchIn(BaseModel):
@@ -82,6 +99,8 @@ class TaskOut(BaseModel):
     started_at: datetime | None = _d("When a worker first claimed it")
     finished_at: datetime | None = _d("When it reached its terminal state")
     lease_expires_at: datetime | None = _d("While running: when its owner's lease lapses unless renewed")
+    run_at: datetime | None = _d("The instant it was scheduled for (run_at or delay_seconds)", default=None)
+    priority: int = _d("Higher runs first among runnable tasks", default=0)
     waiting_reason: str | None = _d("While pending: why it is not running yet", default=None)
 
 

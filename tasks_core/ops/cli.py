@@ -280,6 +280,13 @@ def submit(
     payload: Annotated[str, typer.Option(help="JSON object")] = "{}",
     dedupe_key: Annotated[str | None, typer.Option()] = None,
     timeout: Annotated[float | None, typer.Option(help="seconds")] = None,
+    run_at: Annotated[
+        str | None, typer.Option("--run-at", help="not before this instant (RFC 3339 with a zone)")
+    ] = None,
+    delay: Annotated[float | None, typer.Option("--delay", help="not before this many seconds from now")] = (
+        None
+    ),
+    priority: Annotated[int, typer.Option(help="higher runs first among runnable tasks (-100..100)")] = 0,
     wait: Annotated[bool, typer.Option("--wait", help="show progress until the task ends")] = False,
     idempotency_key: Annotated[
         str | None,
@@ -301,9 +308,12 @@ def submit(
     except json.JSONDecodeError as exc:
         _fail(f"--payload is not JSON: {exc}", Exit.USAGE)
 
-    intent = TaskIntent(task_type, body, dedupe_key=dedupe_key, timeout_seconds=timeout)
+    intent = TaskIntent(
+        task_type, body, dedupe_key=dedupe_key, timeout_seconds=timeout, run_at=run_at, delay_seconds=delay,
+        priority=priority,
+    )
     key = idempotency_key or str(uuid.uuid4())
-    request = json.dumps([task_type, body, dedupe_key, timeout], sort_keys=True)
+    request = json.dumps([task_type, body, dedupe_key, timeout, run_at, delay, priority], sort_keys=True)
     idempotency = Idempotency(key, hashlib.sha256(request.encode()).hexdigest())
 
     async def go() -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -38,6 +39,11 @@ class NewTask:
     timeout_seconds: float
     dedupe_key: str | None = None
     owner: str | None = None
+    # Claimable from this instant on (aware), or this many seconds after PostgreSQL's now at
+    # insert; at most one of the two.
+    run_at: datetime | None = None
+    delay_seconds: float | None = None
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -118,7 +124,7 @@ class Heartbeat:
 class WaitingFacts:
     """What the database says about a pending task that is not running yet."""
 
-    # Its retry backoff (not_before) is still ahead.
+    # Its not_before (run_at, or a retry's backoff) is still ahead.
     backoff: bool
     # Tasks running in the cluster, and of the task's own owner.
     running: int

@@ -84,7 +84,8 @@ def free_slot(ending: str) -> str:
 
 
 def _due_ctes(freed: str = "0", *, ending: str | None = None, republish: bool = False) -> str:
-    """`budget` and `due`: the oldest runnable pending tasks capacity can take now (see take_due),
+    """`budget` and `due`: the runnable pending tasks capacity can take now, higher priority first,
+    then older (see take_due),
     locked for stamping. ``freed``: slots this same statement gives back, which its snapshot still
     sees as held; ``ending``: the CTE of the task(s) it ends, which its snapshot still sees running
     for their owner. Without ``republish`` only tasks with no message in flight are due (the relay's
@@ -109,7 +110,7 @@ def _due_ctes(freed: str = "0", *, ending: str | None = None, republish: bool = 
           AND (task_type, handler_version) IN (
               SELECT * FROM unnest(CAST(:types AS text[]), CAST(:versions AS int[])))
           AND {_owner_under_limit(ending)}
-        ORDER BY created_at, id
+        ORDER BY priority DESC, created_at, id
         LIMIT least(CAST(:limit AS int), greatest(0, (SELECT n FROM budget)))
         FOR UPDATE SKIP LOCKED)"""
 
@@ -219,10 +220,10 @@ FINISH_SQL = Statement(
     relayed AS (
         UPDATE tasks t SET last_published_at = {NOW}, publish_error = NULL
         FROM due WHERE t.id = due.id AND EXISTS (SELECT 1 FROM done)
-        RETURNING t.id, t.created_at, t.task_type)
+        RETURNING t.id, t.priority, t.created_at, t.task_type)
     SELECT done.*,
-        (SELECT array_agg(id ORDER BY created_at, id) FROM relayed) AS relay_ids,
-        (SELECT array_agg(task_type ORDER BY created_at, id) FROM relayed) AS relay_types
+        (SELECT array_agg(id ORDER BY priority DESC, created_at, id) FROM relayed) AS relay_ids,
+        (SELECT array_agg(task_type ORDER BY priority DESC, created_at, id) FROM relayed) AS relay_types
     FROM done"""
 )
 
@@ -257,7 +258,7 @@ SET_ERROR_SQL = Statement("UPDATE tasks SET error = CAST(:error AS jsonb) WHERE 
 # what was sent long ago), in one statement each (see take_due).
 _STAMP_DUE = f"""UPDATE tasks t SET last_published_at = {NOW}, publish_error = NULL
     FROM due WHERE t.id = due.id
-    RETURNING t.id, t.created_at, t.task_type"""
+    RETURNING t.id, t.priority, t.created_at, t.task_type"""
 RELAY_DUE_SQL = Statement(f"WITH {_due_ctes()}\n    {_STAMP_DUE}")
 PUBLISH_DUE_SQL = Statement(f"WITH {_due_ctes(republish=True)}\n    {_STAMP_DUE}")
 # A submission's insert (one row, or many in order); a held dedupe key inserts nothing, and the
@@ -265,20 +266,30 @@ PUBLISH_DUE_SQL = Statement(f"WITH {_due_ctes(republish=True)}\n    {_STAMP_DUE}
 _ON_HELD_KEY = f"""ON CONFLICT (owner, task_type, dedupe_key)
         WHERE status IN {ACTIVE_SQL} AND dedupe_key IS NOT NULL
     DO NOTHING RETURNING *"""
+# The instant a submission asks for: run_at as given, or PostgreSQL's now + delay_seconds; NULL
+# (neither): claimable at once. It is also the row's not_before, which the claim and due tests read.
+def _run_at(at: str, delay: str) -> str:
+    return f"coalesce(CAST({at} AS timestamptz), {NOW} + make_interval(secs => CAST({delay} AS float8)))"
+
+
 INSERT_SQL = Statement(
     f"""INSERT INTO tasks (id, task_type, handler_version, payload, owner, status, dedupe_key,
-                       timeout_seconds, created_at)
-    VALUES (:id, :tt, :hv, CAST(:payload AS jsonb), :owner, 'pending', :dk, :timeout, {NOW})
+                       timeout_seconds, created_at, run_at, not_before, priority)
+    SELECT :id, :tt, :hv, CAST(:payload AS jsonb), :owner, 'pending', :dk, :timeout, {NOW}, at, at, :prio
+    FROM (SELECT {_run_at(":run_at", ":delay")} AS at) scheduled
     {_ON_HELD_KEY}"""
 )
 INSERT_MANY_SQL = Statement(
     f"""INSERT INTO tasks (id, task_type, handler_version, payload, owner, status, dedupe_key,
-                       timeout_seconds, created_at)
-    SELECT id, task_type, hv, CAST(payload AS jsonb), owner, 'pending', key, timeout, {NOW}
+                       timeout_seconds, created_at, run_at, not_before, priority)
+    SELECT id, task_type, hv, CAST(payload AS jsonb), owner, 'pending', key, timeout, {NOW},
+           scheduled.at, scheduled.at, prio
     FROM unnest(CAST(:ids AS uuid[]), CAST(:types AS text[]), CAST(:versions AS int[]),
                 CAST(:payloads AS text[]), CAST(:owners AS text[]), CAST(:keys AS text[]),
-                CAST(:timeouts AS float8[]))
-         WITH ORDINALITY AS n(id, task_type, hv, payload, owner, key, timeout, ord)
+                CAST(:timeouts AS float8[]), CAST(:run_ats AS timestamptz[]), CAST(:delays AS float8[]),
+                CAST(:prios AS int[]))
+         WITH ORDINALITY AS n(id, task_type, hv, payload, owner, key, timeout, run_at, delay, prio, ord)
+    CROSS JOIN LATERAL (SELECT {_run_at("n.run_at", "n.delay")} AS at) scheduled
     ORDER BY ord
     {_ON_HELD_KEY}"""
 )

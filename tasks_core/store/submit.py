@@ -39,6 +39,9 @@ class Submit(StoreBase):
                             owner=new.owner,
                             dk=new.dedupe_key,
                             timeout=new.timeout_seconds,
+                            run_at=new.run_at,
+                            delay=new.delay_seconds,
+                            prio=new.priority,
                         ),
                     )
                 )
@@ -74,6 +77,9 @@ class Submit(StoreBase):
             "owners": [n.owner for n in news],
             "keys": [n.dedupe_key for n in news],
             "timeouts": [n.timeout_seconds for n in news],
+            "run_ats": [n.run_at for n in news],
+            "delays": [n.delay_seconds for n in news],
+            "prios": [n.priority for n in news],
         }
         inserted = await run(conn, sql.INSERT_MANY_SQL, self._p(**columns))
         stored = {row["id"]: dict(row) for row in inserted.mappings()}
@@ -141,8 +147,8 @@ class Submit(StoreBase):
         owner_max_running: int | None = None,
         conn: AsyncConnection | None = None,
     ) -> list[tuple[uuid.UUID, str]]:
-        """The oldest runnable pending tasks the cluster can take now (id, type), stamped as
-        published.
+        """The runnable pending tasks the cluster can take now (id, type), higher priority first,
+        then older, stamped as published.
 
         The budget is what capacity can take: ``capacity + ahead`` minus the tasks running and
         minus the messages in flight (pending tasks published within ``window``), so a thousand
@@ -168,5 +174,5 @@ class Submit(StoreBase):
             rows = await self._fetch(statement, params)
         else:
             rows = [dict(r) for r in (await run(conn, statement, params)).mappings()]
-        due = sorted(rows, key=lambda r: (r["created_at"], r["id"]))
+        due = sorted(rows, key=lambda r: (-r["priority"], r["created_at"], r["id"]))
         return [(r["id"], r["task_type"]) for r in due]

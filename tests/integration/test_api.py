@@ -468,3 +468,26 @@ async def test_openapi_documents_auth_every_route_and_every_field(client: httpx.
             continue
         for field, spec in schema["properties"].items():
             assert spec.get("description"), f"{name}.{field} has no description"
+
+
+async def test_http_submission_takes_and_shows_run_at_delay_and_priority(client: httpx.AsyncClient) -> None:
+    later = {"task_type": "diagnostics.noop", "delay_seconds": 3600, "priority": 9}
+    r = await client.post("/tasks", headers=ALICE, json=later)
+    assert r.status_code == 202, r.text
+    task = r.json()
+    assert task["priority"] == 9 and task["run_at"] and task["waiting_reason"].startswith("scheduled for ")
+    got = (await client.get(f"/tasks/{task['id']}", headers=ALICE)).json()
+    assert got["run_at"] == task["run_at"] and got["waiting_reason"] == f"scheduled for {task['run_at']}"
+
+    both = {"task_type": "diagnostics.noop", "run_at": "2030-01-01T00:00:00Z", "delay_seconds": 1}
+    for body in (both, {"task_type": "diagnostics.noop", "run_at": "2030-01-01T00:00:00"},
+                 {"task_type": "diagnostics.noop", "priority": 500}):  # fmt: skip
+        r = await client.post("/tasks", json=body, headers=ALICE)
+        assert r.status_code == 422, r.text
+    batch = {"tasks": [{"task_type": "diagnostics.noop", "priority": 3},
+                       {"task_type": "diagnostics.noop", "run_at": "2030-01-01T00:00:00Z"}]}  # fmt: skip
+    r = await client.post("/tasks/batch", json=batch, headers=ALICE)
+    assert r.status_code == 202, r.text
+    tasks = [e["task"] for e in r.json()["results"]]
+    assert tasks[0]["priority"] == 3 and tasks[1]["run_at"] == "2030-01-01T00:00:00Z"
+    assert tasks[1]["waiting_reason"] == "scheduled for 2030-01-01T00:00:00Z"

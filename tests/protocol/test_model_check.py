@@ -41,4 +41,4 @@ def test_every_mutant_is_caught() -> None:
     done = _check("--mutants")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SURVIVED" not in done.stdout
-    assert done.stdout.count("caught") == 7, done.stdout
+    assert done.stdout.count("caught") == 8, done.stdout
