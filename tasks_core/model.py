@@ -75,6 +75,12 @@ tasks = Table(
     Column("run_at", DateTime(timezone=True), nullable=True),
     # Among claimable tasks the higher priority goes first, then the older.
     Column("priority", Integer, nullable=False, server_default="0"),
+    # A retry by hand is a new task: it names the one it retries, and that one names it (set
+    # once, in the retry's own transaction: a task is retried at most once). No foreign keys:
+    # pruning one side leaves the other's link dangling (GET answers 404) instead of making every
+    # prune delete look the table up for rows that name it.
+    Column("retry_of", UUID(as_uuid=True), nullable=True),
+    Column("retried_by", UUID(as_uuid=True), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.clock_timestamp()),
     Column("started_at", DateTime(timezone=True), nullable=True),
     Column("finished_at", DateTime(timezone=True), nullable=True),
