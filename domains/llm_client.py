@@ -164,7 +164,7 @@ def retry_after(response: httpx.Response, now: Callable[[], float] = time.time) 
 def _backoff(first: float, attempt: int, rng: Callable[[], float] = random.random) -> float:
     """Equal jitter (half fixed, half random) over first * 2**(attempt-1), capped at 30 s."""
     full = min(30.0, first * 2 ** max(0, attempt - 1))
-    return full / 2 + rng() * full / 2
+    return float(full / 2 + rng() * full / 2)
 
 
 # One bound per process and server: every client of the same URL shares its slots.

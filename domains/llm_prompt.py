@@ -35,7 +35,9 @@ class Prompt:
         return text
 
 
-def load_prompt(package: str, filename: str, override: str, setting: str, placeholders: tuple[str, ...]) -> Prompt:
+def load_prompt(
+    package: str, filename: str, override: str, setting: str, placeholders: tuple[str, ...]
+) -> Prompt:
     """The user's file ``override`` if set (``setting`` names it in errors), else the shipped one."""
     if override:
         path = Path(override).expanduser()
@@ -48,5 +50,7 @@ def load_prompt(package: str, filename: str, override: str, setting: str, placeh
         template = resources.files(package).joinpath("prompts").joinpath(filename).read_text(encoding="utf-8")
         source = f"{package}/prompts/{filename}"
     if "{text}" not in template:
-        raise ValueError(f"prompt {source} has no {{text}} placeholder ({setting}; placeholders: {placeholders})")
+        raise ValueError(
+            f"prompt {source} has no {{text}} placeholder ({setting}; placeholders: {placeholders})"
+        )
     return Prompt(template, source, placeholders)

@@ -87,7 +87,9 @@ class ScriptedEndpoint:
                         with endpoint._lock:
                             endpoint.in_flight += 1
                     else:
-                        seen = Seen(json.loads(raw), {k.lower(): v for k, v in self.headers.items()}, time.monotonic())
+                        seen = Seen(
+                            json.loads(raw), {k.lower(): v for k, v in self.headers.items()}, time.monotonic()
+                        )
                         reply = endpoint._next(seen)
                     if reply.delay:
                         time.sleep(reply.delay)
@@ -112,7 +114,9 @@ class ScriptedEndpoint:
 
     @contextmanager
     def running(self) -> Iterator[ScriptedEndpoint]:
-        thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         thread.start()
         try:
             yield self

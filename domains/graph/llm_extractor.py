@@ -96,5 +96,7 @@ class LLMExtractor:
 def from_settings() -> LLMExtractor:
     """The extractor DTASK_GRAPH_EXTRACTOR=llm loads: DTASK_LLM_* and DTASK_GRAPH_LLM_* as set now."""
     settings = LLMExtractorSettings()
-    prompt = load_prompt("domains.graph", "entities.txt", settings.prompt, "DTASK_GRAPH_LLM_PROMPT", PLACEHOLDERS)
+    prompt = load_prompt(
+        "domains.graph", "entities.txt", settings.prompt, "DTASK_GRAPH_LLM_PROMPT", PLACEHOLDERS
+    )
     return LLMExtractor(client_from_settings(), prompt)

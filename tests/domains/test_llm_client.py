@@ -36,7 +36,12 @@ class Answer(BaseModel):
 
 
 def _client(url: str, **overrides: Any) -> LLMClient:
-    values: dict[str, Any] = {"url": url, "model": "test-model", "api_key": "sekrit", "retry_backoff_seconds": 0.05}
+    values: dict[str, Any] = {
+        "url": url,
+        "model": "test-model",
+        "api_key": "sekrit",
+        "retry_backoff_seconds": 0.05,
+    }
     return LLMClient(LLMSettings(**(values | overrides)))
 
 
@@ -76,9 +81,8 @@ def test_transient_failures_are_retried_honouring_retry_after_and_a_malformed_re
     ],
 )  # fmt: skip
 def test_a_refusal_fails_at_once_with_the_endpoint_message_on_one_line(reply: Reply, expected: str) -> None:
-    with ScriptedEndpoint([reply]).running() as server:
-        with pytest.raises(LLMRefused) as caught:
-            _client(server.url).chat_json("q", Answer)
+    with ScriptedEndpoint([reply]).running() as server, pytest.raises(LLMRefused) as caught:
+        _client(server.url).chat_json("q", Answer)
     assert len(server.seen) == 1
     message = str(caught.value)
     assert message.endswith(expected) and "\n" not in message
@@ -86,9 +90,13 @@ def test_a_refusal_fails_at_once_with_the_endpoint_message_on_one_line(reply: Re
 
 
 def test_a_server_that_stays_down_gives_a_retryable_error_after_the_tries() -> None:
-    with ScriptedEndpoint([Reply(503, {"error": {"message": "loading model"}}, {"Retry-After": "0"})]).running() as server:
-        with pytest.raises(LLMUnavailable) as caught:
-            _client(server.url, max_tries=3).chat_json("q", Answer)
+    with (
+        ScriptedEndpoint(
+            [Reply(503, {"error": {"message": "loading model"}}, {"Retry-After": "0"})]
+        ).running() as server,
+        pytest.raises(LLMUnavailable) as caught,
+    ):
+        _client(server.url, max_tries=3).chat_json("q", Answer)
     assert len(server.seen) == 3
     error = caught.value
     assert isinstance(error, RetryableError) and error.code == "llm_unavailable" and error.delay == 0
@@ -113,16 +121,17 @@ def test_a_closed_port_is_transient() -> None:
 
 
 def test_a_timeout_is_transient() -> None:
-    with ScriptedEndpoint([Reply(delay=1.0, body="late")]).running() as server:
-        with pytest.raises(LLMUnavailable, match=r"did not answer within 0.2 s \(DTASK_LLM_TIMEOUT_SECONDS\)"):
-            _client(server.url, timeout_seconds=0.2, max_tries=1).chat_json("q", Answer)
+    with (
+        ScriptedEndpoint([Reply(delay=1.0, body="late")]).running() as server,
+        pytest.raises(LLMUnavailable, match=r"did not answer within 0.2 s \(DTASK_LLM_TIMEOUT_SECONDS\)"),
+    ):
+        _client(server.url, timeout_seconds=0.2, max_tries=1).chat_json("q", Answer)
 
 
 def test_replies_that_never_parse_fail_for_good_after_the_json_attempts() -> None:
     replies = [completion("I cannot answer in JSON."), completion('{"answer": 7}', finish_reason="length")]
-    with ScriptedEndpoint(replies).running() as server:
-        with pytest.raises(LLMBadOutput) as caught:
-            _client(server.url, json_attempts=3).chat_json("q", Answer)
+    with ScriptedEndpoint(replies).running() as server, pytest.raises(LLMBadOutput) as caught:
+        _client(server.url, json_attempts=3).chat_json("q", Answer)
     assert len(server.seen) == 3
     assert not isinstance(caught.value, RetryableError)
     message = str(caught.value)
@@ -135,9 +144,8 @@ def test_replies_that_never_parse_fail_for_good_after_the_json_attempts() -> Non
     [Reply(200, "<html>not json</html>"), Reply(200, {"choices": []}), completion(None)],
 )
 def test_a_200_that_is_no_completion_is_bad_output(reply: Reply) -> None:
-    with ScriptedEndpoint([reply]).running() as server:
-        with pytest.raises(LLMBadOutput):
-            _client(server.url, json_attempts=1).chat_json("q", Answer)
+    with ScriptedEndpoint([reply]).running() as server, pytest.raises(LLMBadOutput):
+        _client(server.url, json_attempts=1).chat_json("q", Answer)
 
 
 def test_a_server_refusing_json_mode_is_asked_without_it_from_then_on() -> None:
@@ -161,7 +169,9 @@ def test_json_mode_off_sends_no_response_format_and_a_seed_is_sent() -> None:
 
 
 def test_requests_in_flight_are_bounded_per_process() -> None:
-    with ScriptedEndpoint(lambda seen: Reply(**vars(completion('{"answer": "a"}')) | {"delay": 0.3})).running() as server:
+    with ScriptedEndpoint(
+        lambda seen: Reply(**vars(completion('{"answer": "a"}')) | {"delay": 0.3})
+    ).running() as server:
         # Two clients of the same server share its bound.
         clients = [_client(server.url, concurrency=2), _client(server.url, concurrency=2)]
         with ThreadPoolExecutor(max_workers=6) as pool:

@@ -102,10 +102,16 @@ async def test_an_outage_fails_the_generation_with_its_items_kept_and_a_resume_f
             assert_distinct(await items(svc, created["id"]), 4)
 
 
-def test_a_users_prompt_file_replaces_the_shipped_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_users_prompt_file_replaces_the_shipped_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     prompt = tmp_path / "mine.txt"
-    prompt.write_text('Ask about: {text}\nNumber {ordinal} of {per_chunk}. JSON: {"question": "", "answer": ""}')
-    with ScriptedEndpoint([completion('{"question": "Why is the sky blue?", "answer": "scattering"}')]).running() as server:
+    prompt.write_text(
+        'Ask about: {text}\nNumber {ordinal} of {per_chunk}. JSON: {"question": "", "answer": ""}'
+    )
+    with ScriptedEndpoint(
+        [completion('{"question": "Why is the sky blue?", "answer": "scattering"}')]
+    ).running() as server:
         monkeypatch.setenv("DTASK_LLM_URL", server.url)
         monkeypatch.setenv("DTASK_LLM_MODEL", "m")
         monkeypatch.setenv("DTASK_EVAL_LLM_PROMPT", str(prompt))
@@ -113,7 +119,12 @@ def test_a_users_prompt_file_replaces_the_shipped_one(monkeypatch: pytest.Monkey
         generator = load_generator("llm")
         assert generator.per_chunk == 3
         [item] = generator.generate([ItemRequest(Chunk("c1", "Light scatters."), 2)])
-    assert (item.chunk_id, item.ordinal, item.question, item.answer) == ("c1", 2, "Why is the sky blue?", "scattering")
+    assert (item.chunk_id, item.ordinal, item.question, item.answer) == (
+        "c1",
+        2,
+        "Why is the sky blue?",
+        "scattering",
+    )
     [seen] = server.seen
     assert seen.prompt == 'Ask about: Light scatters.\nNumber 3 of 3. JSON: {"question": "", "answer": ""}'
     digest = load_prompt("domains.evaluation", "x", str(prompt), "DTASK_EVAL_LLM_PROMPT", PLACEHOLDERS).digest
@@ -124,7 +135,7 @@ def test_a_bad_prompt_file_or_missing_settings_refuse_with_the_setting_named(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.delenv("DTASK_LLM_URL", raising=False)
-    with pytest.raises(ValueError, match="DTASK_EVAL_GENERATOR=.*DTASK_LLM_URL is not set"):
+    with pytest.raises(ValueError, match=r"DTASK_EVAL_GENERATOR=.*DTASK_LLM_URL is not set"):
         load_generator("llm")
     monkeypatch.setenv("DTASK_LLM_URL", "http://127.0.0.1:9/v1")
     monkeypatch.setenv("DTASK_LLM_MODEL", "m")
@@ -134,7 +145,7 @@ def test_a_bad_prompt_file_or_missing_settings_refuse_with_the_setting_named(
     with pytest.raises(ValueError, match=r"has no \{text\} placeholder"):
         load_generator("llm")
     monkeypatch.setenv("DTASK_EVAL_LLM_PROMPT", str(tmp_path / "absent.txt"))
-    with pytest.raises(ValueError, match="DTASK_EVAL_LLM_PROMPT=.*cannot read it"):
+    with pytest.raises(ValueError, match=r"DTASK_EVAL_LLM_PROMPT=.*cannot read it"):
         load_generator("llm")
 
 

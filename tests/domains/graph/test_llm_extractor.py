@@ -41,16 +41,23 @@ def test_occurrences_are_found_in_the_text_in_order_longest_form_first() -> None
         "Marie Curie", "Albert Einstein", "Marie Curie", "Albert Einstein", "Ada", "Ada",
     ]  # fmt: skip
     # CJK names sit between other characters with no spaces.
-    assert occurrences("居里夫人在巴黎工作，后来回到巴黎。", [Entity(name="巴黎"), Entity(name="居里夫人")]) == [
-        "居里夫人", "巴黎", "巴黎",
-    ]  # fmt: skip
+    chinese = "居里夫人在巴黎工作\uff0c后来回到巴黎。"  # with a Chinese comma
+    assert occurrences(chinese, [Entity(name="巴黎"), Entity(name="居里夫人")]) == [
+        "居里夫人",
+        "巴黎",
+        "巴黎",
+    ]
     # A name the graph could not store is left out; whitespace inside a name is normalised.
     long = "X" * (MAX_NAME_CHARS + 1)
     assert occurrences(f"{long} and Bo", [Entity(name=long), Entity(name="Bo")]) == ["Bo"]
-    assert occurrences("New  York, New York", [Entity(name="New\nYork", mentions=["New York"])]) == ["New York"]
+    assert occurrences("New  York, New York", [Entity(name="New\nYork", mentions=["New York"])]) == [
+        "New York"
+    ]
 
 
-def test_the_extractor_takes_bare_names_too_and_asks_nothing_of_an_empty_text(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_extractor_takes_bare_names_too_and_asks_nothing_of_an_empty_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     with ScriptedEndpoint([completion('{"entities": ["Paris", {"name": "Seine"}]}')]).running() as server:
         monkeypatch.setenv("DTASK_LLM_URL", server.url)
         monkeypatch.setenv("DTASK_LLM_MODEL", "m")
@@ -74,7 +81,9 @@ def llm_graph(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 @pytest.mark.usefixtures("clean_db")
-async def test_an_outage_mid_build_is_retried_from_the_checkpoint_to_exactly_the_clean_graph(llm_graph: Any) -> None:
+async def test_an_outage_mid_build_is_retried_from_the_checkpoint_to_exactly_the_clean_graph(
+    llm_graph: Any,
+) -> None:
     files = corpus(files=2, chunks_per_file=5)
     outage = {"at": 4, "left": 1}  # the 5th request (second batch) meets one 503
 
@@ -108,7 +117,9 @@ async def test_an_outage_mid_build_is_retried_from_the_checkpoint_to_exactly_the
 
 @pytest.mark.usefixtures("clean_db")
 async def test_a_refusal_fails_the_build_at_once_with_the_endpoints_message(llm_graph: Any) -> None:
-    with ScriptedEndpoint([Reply(401, {"error": {"message": "Incorrect API key provided: sk-...xyz."}})]).running() as server:
+    with ScriptedEndpoint(
+        [Reply(401, {"error": {"message": "Incorrect API key provided: sk-...xyz."}})]
+    ).running() as server:
         llm_graph(server)
         async with knowledge_api() as (client, svc):
             base, _ = await make_base(svc, corpus(files=1, chunks_per_file=2))
