@@ -61,7 +61,7 @@ def llm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                     break
             except httpx.TransportError:
                 pass
-            assert time.monotonic() < deadline, f"the model server did not start: {log_path.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"the server did not start: {log_path.read_text()[-3000:]}"
             time.sleep(0.3)
         yield url
     finally:
@@ -92,7 +92,9 @@ async def test_a_real_model_writes_a_small_dataset(
         base, _ = await indexed_base(client, svc, [(f"{t}.txt", document(t, 1)) for t in TOPICS[:3]])
         r = await client.post("/evaluation/datasets", json={"base_id": base, "size": 3}, headers=ALICE)
         assert r.status_code == 202, r.text
-        assert await run_pending(svc) == ["success"], (await client.get(f"/tasks/{r.json()['task_id']}", headers=ALICE)).text
+        outcome = await run_pending(svc)
+        task = (await client.get(f"/tasks/{r.json()['task_id']}", headers=ALICE)).json()
+        assert outcome == ["success"], task["error"]
         dataset = await dataset_row(svc, r.json()["id"])
         stored = await items(svc, dataset["id"])
     assert (dataset["status"], dataset["item_count"]) == ("completed", 3)
