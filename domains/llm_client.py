@@ -189,13 +189,7 @@ def _check(settings: LLMSettings) -> None:
 class LLMClient:
     """Blocking (callers run it in a thread) and safe to share between threads."""
 
-    def __init__(
-        self,
-        settings: LLMSettings,
-        *,
-        sleep: Callable[[float], None] = time.sleep,
-        rng: Callable[[], float] = random.random,
-    ) -> None:
+    def __init__(self, settings: LLMSettings) -> None:
         _check(settings)
         self.settings = settings
         self.model = settings.model
@@ -207,7 +201,6 @@ class LLMClient:
         self._http = httpx.Client(headers=headers, timeout=settings.timeout_seconds)
         self._slots = _slots(settings.url.rstrip("/"), settings.concurrency)
         self._json_mode = settings.json_mode == "json_object"
-        self._sleep, self._rng = sleep, rng
 
     def close(self) -> None:
         self._http.close()
@@ -283,7 +276,7 @@ class LLMClient:
                 return failure
             if failure is None:  # response_format was refused and is now off: again at once
                 continue
-            wait = asked if asked is not None else _backoff(s.retry_backoff_seconds, tries, self._rng)
+            wait = asked if asked is not None else _backoff(s.retry_backoff_seconds, tries)
             if tries >= s.max_tries or waited + wait > s.retry_budget_seconds:
                 raise LLMUnavailable(
                     f"{failure} (after {tries} tries in {waited:.0f} s of waiting; DTASK_LLM_MAX_TRIES, "
@@ -291,7 +284,7 @@ class LLMClient:
                     delay=asked,
                 )
             log.info("llm %s: %s; try %d again in %.1f s", s.model, failure, tries + 1, wait)
-            self._sleep(wait)
+            time.sleep(wait)
             waited += wait
 
     def _try(self, messages: list[dict[str, str]]) -> tuple[dict[str, Any] | str | None, float | None]:
