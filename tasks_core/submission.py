@@ -295,10 +295,14 @@ class SubmitTransaction:
         self._pending: int | None = None  # the owner's pending count, once this transaction read it
 
     async def add(self, intent: TaskIntent) -> Submitted:
+        return await self.add_new(self._validate(intent))
+
+    async def add_new(self, new: NewTask) -> Submitted:
+        """Insert an intent already validated, counting it against its owner's quota when that
+        owner is this transaction's (an admin's retry of another owner's task is not counted)."""
         services = self.submitter.services
-        new = self._validate(intent)
         limit = services.settings.owner_max_pending
-        if limit is not None and self.owner is not None:  # as _quota_applies, with both narrowed
+        if limit is not None and self.owner is not None and new.owner == self.owner:
             if self._pending is None:
                 # Locks the owner's quota until commit: concurrent submissions cannot overshoot it.
                 self._pending = await services.repo.owner_pending(self.conn, self.owner, limit)

@@ -31,6 +31,8 @@ FIELDS = (
     "lease_expires_at",
     "run_at",
     "priority",
+    "retry_of",
+    "retried_by",
     "waiting_reason",
 )
 
@@ -38,6 +40,10 @@ FIELDS = (
 def _iso(value: datetime | None) -> str | None:
     # The same form the HTTP API serializes (UTC, "Z"), so `dtask show --json` matches it exactly.
     return None if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _id(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def scheduled_reason(run_at: datetime) -> str:
@@ -64,6 +70,8 @@ def task_view(row: Mapping[str, Any], waiting_reason: str | None = None) -> dict
         "lease_expires_at": _iso(row["lease_expires_at"]),
         "run_at": _iso(row["run_at"]),
         "priority": row["priority"],
+        "retry_of": _id(row["retry_of"]),
+        "retried_by": _id(row["retried_by"]),
         "waiting_reason": waiting_reason,
     }
 

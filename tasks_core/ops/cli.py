@@ -481,6 +481,34 @@ def cancel(task_id: str) -> None:
 
 
 @cli.command()
+def retry(task_ids: Annotated[list[str], typer.Argument(help="failed or cancelled tasks")]) -> None:
+    """Submit failed or cancelled tasks again, each as a new task (one transaction); prints
+    `old new` per task. A task is retried once: again names its retry and exits 1."""
+    from tasks_core.retries import Retried, RetryRefused, retry_tasks
+    from tasks_core.submission import InvalidTask, Submitter
+
+    ids = [_task_id(raw) for raw in task_ids]
+
+    async def go() -> list[Retried | InvalidTask]:
+        async with client_services() as services:  # an operator's command: any owner's task
+            try:
+                return await retry_tasks(Submitter(services), ids, owner=None, admin=True)
+            except InvalidTask as exc:
+                _fail(f"invalid: {exc}", Exit.USAGE)
+
+    code = 0
+    for task_id, outcome in zip(ids, run_command(go), strict=True):
+        if isinstance(outcome, Retried):
+            typer.echo(f"{task_id} {outcome.new.task_id}")
+            continue
+        also = f" ({outcome.task_id})" if isinstance(outcome, RetryRefused) and outcome.task_id else ""
+        typer.echo(f"{task_id}: {outcome.message}{also}", err=True)
+        missing = isinstance(outcome, RetryRefused) and outcome.status == 404
+        code = max(code, Exit.NO_TASK if missing else Exit.FAILED)
+    raise typer.Exit(code)
+
+
+@cli.command()
 def prune(older_than: Annotated[str, typer.Option("--older-than", help="e.g. 7d, 12h, 30m")]) -> None:
     """Delete finished tasks (and their attempts) older than DURATION."""
     from tasks_core.durations import parse_duration

@@ -44,6 +44,8 @@ class NewTask:
     run_at: datetime | None = None
     delay_seconds: float | None = None
     priority: int = 0
+    # The failed or cancelled task this one retries by hand.
+    retry_of: uuid.UUID | None = None
 
 
 @dataclass(frozen=True)

@@ -274,21 +274,23 @@ def _run_at(at: str, delay: str) -> str:
 
 INSERT_SQL = Statement(
     f"""INSERT INTO tasks (id, task_type, handler_version, payload, owner, status, dedupe_key,
-                       timeout_seconds, created_at, run_at, not_before, priority)
-    SELECT :id, :tt, :hv, CAST(:payload AS jsonb), :owner, 'pending', :dk, :timeout, {NOW}, at, at, :prio
+                       timeout_seconds, created_at, run_at, not_before, priority, retry_of)
+    SELECT :id, :tt, :hv, CAST(:payload AS jsonb), :owner, 'pending', :dk, :timeout, {NOW}, at, at, :prio,
+           :retry_of
     FROM (SELECT {_run_at(":run_at", ":delay")} AS at) scheduled
     {_ON_HELD_KEY}"""
 )
 INSERT_MANY_SQL = Statement(
     f"""INSERT INTO tasks (id, task_type, handler_version, payload, owner, status, dedupe_key,
-                       timeout_seconds, created_at, run_at, not_before, priority)
+                       timeout_seconds, created_at, run_at, not_before, priority, retry_of)
     SELECT id, task_type, hv, CAST(payload AS jsonb), owner, 'pending', key, timeout, {NOW},
-           scheduled.at, scheduled.at, prio
+           scheduled.at, scheduled.at, prio, retry_of
     FROM unnest(CAST(:ids AS uuid[]), CAST(:types AS text[]), CAST(:versions AS int[]),
                 CAST(:payloads AS text[]), CAST(:owners AS text[]), CAST(:keys AS text[]),
                 CAST(:timeouts AS float8[]), CAST(:run_ats AS timestamptz[]), CAST(:delays AS float8[]),
-                CAST(:prios AS int[]))
-         WITH ORDINALITY AS n(id, task_type, hv, payload, owner, key, timeout, run_at, delay, prio, ord)
+                CAST(:prios AS int[]), CAST(:retry_ofs AS uuid[]))
+         WITH ORDINALITY AS n(id, task_type, hv, payload, owner, key, timeout, run_at, delay, prio, retry_of,
+                              ord)
     CROSS JOIN LATERAL (SELECT {_run_at("n.run_at", "n.delay")} AS at) scheduled
     ORDER BY ord
     {_ON_HELD_KEY}"""
@@ -324,6 +326,14 @@ OWNER_QUOTA_LOCK_SQL = Statement(
 OWNER_PENDING_SQL = Statement(
     """SELECT count(*) FROM (SELECT 1 FROM tasks WHERE status = 'pending'
                         AND owner = :owner LIMIT :limit) mine"""
+)
+# A retry by hand: the tasks it retries, locked (in id order, so two bulk retries never deadlock),
+# and the link from each to its retry, set only where none is (a task is retried at most once).
+LOCK_FOR_RETRY_SQL = Statement(
+    "SELECT * FROM tasks WHERE id = ANY(CAST(:ids AS uuid[])) ORDER BY id FOR UPDATE"
+)
+MARK_RETRIED_SQL = Statement(
+    "UPDATE tasks SET retried_by = :new WHERE id = :id AND retried_by IS NULL RETURNING id"
 )
 MARK_PUBLISH_FAILED_SQL = Statement(
     """UPDATE tasks SET publish_error = :err, last_published_at = NULL

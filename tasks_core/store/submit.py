@@ -42,6 +42,7 @@ class Submit(StoreBase):
                             run_at=new.run_at,
                             delay=new.delay_seconds,
                             prio=new.priority,
+                            retry_of=new.retry_of,
                         ),
                     )
                 )
@@ -80,6 +81,7 @@ class Submit(StoreBase):
             "run_ats": [n.run_at for n in news],
             "delays": [n.delay_seconds for n in news],
             "prios": [n.priority for n in news],
+            "retry_ofs": [n.retry_of for n in news],
         }
         inserted = await run(conn, sql.INSERT_MANY_SQL, self._p(**columns))
         stored = {row["id"]: dict(row) for row in inserted.mappings()}
@@ -119,6 +121,15 @@ class Submit(StoreBase):
             sql.RECORD_IDEMPOTENT_ANSWER_SQL,
             {"ids": json.dumps(ids), "resp": json.dumps(response), "owner": owner, "key": key},
         )
+
+    async def lock_for_retry(self, conn: AsyncConnection, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Row]:
+        """The tasks ``ids`` that exist, locked until the caller's transaction ends."""
+        rows = (await run(conn, sql.LOCK_FOR_RETRY_SQL, {"ids": list(ids)})).mappings()
+        return {row["id"]: dict(row) for row in rows}
+
+    async def mark_retried(self, conn: AsyncConnection, task_id: uuid.UUID, new: uuid.UUID) -> bool:
+        """Link ``task_id`` to its retry ``new``; False if it already has one."""
+        return (await run(conn, sql.MARK_RETRIED_SQL, {"id": task_id, "new": new})).first() is not None
 
     async def owner_pending(self, conn: AsyncConnection, owner: str, limit: int) -> int:
         """The owner's pending tasks (counted up to ``limit``), holding the owner's quota lock until

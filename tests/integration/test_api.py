@@ -9,7 +9,7 @@ import json
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -21,29 +21,11 @@ from tasks_core import metrics as runtime_metrics
 from tasks_core.duties.readiness import READINESS_KEY, write_readiness
 from tasks_core.services import build_services
 from tests.conftest import make_settings
+from tests.integration.conftest import KEYS
 
-KEYS = "alice:alice-secret-0123456,bob:bob-secret-01234567,root:root-secret-0123456:admin"
 ALICE = {"Authorization": "Bearer alice-secret-0123456"}
 BOB = {"Authorization": "Bearer bob-secret-01234567"}
 ROOT = {"Authorization": "Bearer root-secret-0123456"}
-
-
-@pytest.fixture
-async def svc(clean_db: None) -> AsyncIterator[Any]:
-    services = build_services(
-        # Every key may submit the diagnostics types here; their default policy is tested apart.
-        make_settings(api_keys=KEYS, max_payload_bytes=2048, max_request_bytes=200_000, diagnostics="all"),
-        pool_size=5,
-    )
-    yield services
-    await services.close()
-
-
-@pytest.fixture
-async def client(svc: Any) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(services=svc)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
-        yield c
 
 
 async def post_task(
