@@ -230,6 +230,21 @@ def test_submit_later_and_first(fresh: None) -> None:
     assert json.loads(dtask("show", at, "--json").stdout)["run_at"] == "2030-01-02T01:04:05Z"
 
 
+def test_retry_submits_a_cancelled_task_again_once(fresh: None) -> None:
+    old = dtask("submit", "diagnostics.noop", "--priority", "3").stdout.split()[-1]
+    assert dtask("cancel", old).exit_code == 0
+    retried = dtask("retry", old)
+    assert retried.exit_code == 0, retried.output
+    first, new = retried.stdout.split()
+    assert first == old
+    shown = json.loads(dtask("show", new, "--json").stdout)
+    assert (shown["retry_of"], shown["priority"], shown["status"]) == (old, 3, "pending")
+    again = dtask("retry", old)
+    assert again.exit_code == 1 and f"already retried ({new})" in again.output
+    assert dtask("retry", str(uuid.uuid4())).exit_code == 4
+    assert dtask("retry", "nope").exit_code == 2
+
+
 def test_list_has_a_header_row(fresh: None) -> None:
     task_id = dtask("submit", "diagnostics.noop").stdout.strip().splitlines()[-1]
     lines = dtask("list").stdout.splitlines()
