@@ -32,6 +32,8 @@ from app.ui.session import (
     start_session,
 )
 from tasks_core.db import db_now
+from tasks_core.retries import Retried, RetryRefused, retry_tasks
+from tasks_core.submission import InvalidTask, Submitter
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
@@ -42,6 +44,9 @@ NOTICES = {
     "finished": "The task had already finished.",
     "deleted": "Task deleted.",
     "active": "Only finished tasks can be deleted; cancel it first.",
+    "retried": "Retried: this is the new task.",
+    "not_retried": "Not retried: only a failed or cancelled task is, once (see Retried by).",
+    "retried_many": "The failed tasks shown were retried, each as a new task.",
 }
 # Where sign-in may send you back to: a dashboard path of ours, never another site.
 NEXT = re.compile(r"/ui(?:[/?][^\s\\]*)?")
@@ -213,6 +218,35 @@ async def cancel(request: Request, task_id: uuid.UUID, viewer: Checked) -> Respo
         outcome = "finished"
     code = {"requested": "cancel_requested"}.get(outcome, outcome)
     return redirect(f"/ui/tasks/{task_id}?notice={code}")
+
+
+@router.post("/tasks/retry")
+async def retry_many(
+    request: Request, viewer: Checked, ids: Annotated[list[uuid.UUID], Form()]
+) -> Response:
+    """The list page's bulk retry: the failed tasks it showed (ids the viewer may not see, or that
+    were retried meanwhile, are skipped, as POST /tasks/retry answers them)."""
+    try:
+        await _retry(request, viewer, ids)
+    except InvalidTask as exc:  # over the batch limit: no page shows that many
+        raise UiError(400, exc.message) from None
+    return redirect("/ui?status=failed&notice=retried_many")
+
+
+@router.post("/tasks/{task_id}/retry")
+async def retry(request: Request, task_id: uuid.UUID, viewer: Checked) -> Response:
+    [outcome] = await _retry(request, viewer, [task_id])
+    if isinstance(outcome, Retried):
+        return redirect(f"/ui/tasks/{outcome.new.task_id}?notice=retried")
+    if isinstance(outcome, RetryRefused) and outcome.status == 404:
+        raise UiError(404, "No such task (or not yours).")
+    return redirect(f"/ui/tasks/{task_id}?notice=not_retried")
+
+
+async def _retry(request: Request, viewer: Viewer, ids: list[uuid.UUID]) -> list[Retried | InvalidTask]:
+    principal = viewer.principal
+    owner = None if principal.admin else principal.name
+    return await retry_tasks(Submitter(data.services(request)), ids, owner=owner, admin=principal.admin)
 
 
 @router.post("/tasks/{task_id}/delete")
