@@ -202,4 +202,5 @@ class TaskType(BaseModel):
     retry_safe: bool = _d("Sent back to pending (with backoff) after a lost lease or a worker shutdown")
     max_attempts: int = _d("Attempts in all (more than 1 only for retry-safe types)")
     internal: bool = _d("Made by its domain's own routes with the rows it works on; POST /tasks refuses it")
+    paused: bool = _d("An operator paused it: its pending tasks wait (`type paused`), running ones finish")
     payload_schema: dict[str, Any] = _d("JSON Schema the payload is checked against")

@@ -199,6 +199,16 @@ task_slots = Table(
     Column("token", UUID(as_uuid=True), nullable=True),
 )
 
+# Task types an operator paused: their tasks are not claimed, relayed or published while a row is
+# here (running ones finish); resuming deletes the row and publishes what waits.
+paused_types = Table(
+    "paused_types",
+    metadata,
+    Column("task_type", Text, primary_key=True),
+    Column("paused_by", Text, nullable=True),
+    Column("paused_at", DateTime(timezone=True), nullable=False, server_default=func.clock_timestamp()),
+)
+
 # Idempotent submission: a retried request with the same Idempotency-Key (per owner) gets the
 # task(s) the first one created. The row commits in the same transaction as those tasks, so a
 # client that gave up waiting can never create a second copy. Rows older than 24 h are pruned.

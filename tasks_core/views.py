@@ -104,6 +104,8 @@ def waiting_reason(
         else f"{ahead} older task{'s' if ahead != 1 else ''} of yours"
     )
     behind = f", behind {older}" if ahead else ""
+    if facts.paused:
+        return "type paused"
     if facts.backoff:
         if row["attempt_count"] == 0 and row["run_at"] is not None:
             return scheduled_reason(row["run_at"])

@@ -31,6 +31,7 @@
  *   MUT_RECONCILE_NO_PENDING_CANCEL  the reconciler leaves a pending row with cancel intent
  *   MUT_NO_REPUBLISH     nothing re-sends a lost message (no periodic publisher)
  *   MUT_CLAIM_BEFORE_DUE the claim ignores the task's instant (run_at, or a retry's backoff)
+ *   MUT_CLAIM_WHILE_PAUSED the claim ignores a paused type
  */
 
 #ifndef W
@@ -66,6 +67,10 @@
 #endif
 
 #define T 2
+/* task 1's type may be paused by an operator (paused_types), then resumed */
+#ifndef PAUSABLE
+#define PAUSABLE 0
+#endif
 
 /* task status (tasks.status); NONE = not inserted yet */
 #define NONE      0
@@ -91,6 +96,9 @@ byte att[T];           /* attempt_count */
 bool live[T];          /* lease_expires_at > database now */
 bool cxl[T];           /* cancel_requested_at IS NOT NULL */
 bool due[T];           /* not_before <= database now: its run_at, or a retry's backoff, has passed */
+bool paused;           /* task 1's type is in paused_types */
+#define PAUSED(t) ((t) == 1 && paused)
+#define SENDABLE(t) (st[t] == PENDING && !cxl[t] && due[t] && !PAUSED(t))
 byte lk[T];            /* row lock held by an open transaction of worker lk-1; 0 = none */
 byte dom[T];           /* the task's domain row */
 byte msgs[T];          /* task-id messages on the broker (a bag: any order, any delay) */
@@ -171,11 +179,11 @@ inline terminal(t, s, hook) {
 inline relay() {
 #if MESSAGES
   if
-  :: st[0] == PENDING && !cxl[0] && due[0] && msgs[0] == 0 -> msgs[0] = 1
+  :: SENDABLE(0) && msgs[0] == 0 -> msgs[0] = 1
   :: else -> skip
   fi;
   if
-  :: st[1] == PENDING && !cxl[1] && due[1] && msgs[1] == 0 -> msgs[1] = 1
+  :: SENDABLE(1) && msgs[1] == 0 -> msgs[1] = 1
   :: else -> skip
   fi
 #else
@@ -213,14 +221,14 @@ active proctype Broker() {
   byte c;
 end:
   do
-  /* a task is sent once due, never ahead of its instant (no broker countdown) */
+  /* a task is sent once due and its type not paused, never ahead (no broker countdown) */
 #ifdef MUT_NO_REPUBLISH
   /* only the submission's own publish: nothing re-sends a lost or dropped message */
-  :: d_step { st[0] == PENDING && !cxl[0] && due[0] && msgs[0] == 0 && !sent[0] -> msgs[0] = 1; sent[0] = 1 }
-  :: d_step { st[1] == PENDING && !cxl[1] && due[1] && msgs[1] == 0 && !sent[1] -> msgs[1] = 1; sent[1] = 1 }
+  :: d_step { SENDABLE(0) && msgs[0] == 0 && !sent[0] -> msgs[0] = 1; sent[0] = 1 }
+  :: d_step { SENDABLE(1) && msgs[1] == 0 && !sent[1] -> msgs[1] = 1; sent[1] = 1 }
 #else
-  :: d_step { st[0] == PENDING && !cxl[0] && due[0] && msgs[0] == 0 -> msgs[0] = 1 }
-  :: d_step { st[1] == PENDING && !cxl[1] && due[1] && msgs[1] == 0 -> msgs[1] = 1 }
+  :: d_step { SENDABLE(0) && msgs[0] == 0 -> msgs[0] = 1 }
+  :: d_step { SENDABLE(1) && msgs[1] == 0 -> msgs[1] = 1 }
 #endif
   /* duplicates, at most MAXDUP in a run: a broker that duplicated (or redelivered) a message
    * without end, and workers that always took that one, would starve the other task; a real
@@ -232,6 +240,16 @@ end:
   :: d_step { msgs[1] > 0 && losses < MAXLOSS -> msgs[1]--; losses++ }
 #endif
   od
+}
+#endif
+
+/* The operator: pauses task 1's type at any moment, and resumes it later (paused_types; resume
+ * also relays what waits). Running tasks are not touched. */
+#if PAUSABLE
+active proctype Operator() {
+  byte c;
+  atomic { paused = 1 };
+  atomic { paused = 0; relay() }
 }
 #endif
 
@@ -258,10 +276,12 @@ end:
 inline claim(t) {
   ok = 0;
   if
-#ifdef MUT_CLAIM_BEFORE_DUE
-  :: st[t] == PENDING && !cxl[t] ->
-#else
+#if defined(MUT_CLAIM_BEFORE_DUE)
+  :: st[t] == PENDING && !cxl[t] && !PAUSED(t) ->
+#elif defined(MUT_CLAIM_WHILE_PAUSED)
   :: st[t] == PENDING && !cxl[t] && due[t] ->
+#else
+  :: st[t] == PENDING && !cxl[t] && due[t] && !PAUSED(t) ->
 #endif
      c = 0;
      do
@@ -275,6 +295,7 @@ inline claim(t) {
      if
      :: c < C ->
         assert(due[t]);                /* no attempt starts before its task's instant */
+        assert(!PAUSED(t));            /* nor while its type is paused */
         st[t] = RUNNING; att[t]++; tok[t] = att[t]; live[t] = 1; open[t]++;
         slot[c] = t + 1; slottok[c] = tok[t];
         mytok = tok[t]; steps = 0; ok = 1

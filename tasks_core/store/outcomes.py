@@ -72,6 +72,8 @@ class ClaimRefusal(StrEnum):
     NOT_RUNNABLE = "not_runnable"
     CANCEL_REQUESTED = "cancel_requested"
     BACKOFF = "backoff"
+    # An operator paused the task's type (POST /task-types/{type}/pause).
+    TYPE_PAUSED = "type_paused"
     OWNER_LIMIT = "owner_limit"
     # Slot rows removed or left held behind the runtime's back: the claim repairs them and retries.
     SLOTS_MISSING = "slots_missing"
@@ -128,6 +130,8 @@ class WaitingFacts:
 
     # Its not_before (run_at, or a retry's backoff) is still ahead.
     backoff: bool
+    # Its type is paused.
+    paused: bool
     # Tasks running in the cluster, and of the task's own owner.
     running: int
     mine_running: int

@@ -41,6 +41,8 @@ def _owner_under_limit(ending: str | None = None) -> str:
 
 
 OWNER_UNDER_LIMIT = _owner_under_limit()
+# The row's type is paused by an operator (evaluated on `tasks` rows: claim, relay, publisher).
+TYPE_PAUSED = "EXISTS (SELECT 1 FROM paused_types p WHERE p.task_type = tasks.task_type)"
 # A slot row held for a task that is not running under the slot's token.
 ORPHAN_SLOT = """s.task_id IS NOT NULL AND NOT EXISTS (
     SELECT 1 FROM tasks t WHERE t.id = s.task_id AND t.status = 'running' AND t.attempt_token = s.token)"""
@@ -106,6 +108,7 @@ def _due_ctes(freed: str = "0", *, ending: str | None = None, republish: bool = 
         SELECT id FROM tasks
         WHERE status = 'pending' AND cancel_requested_at IS NULL
           AND (not_before IS NULL OR not_before <= {NOW})
+          AND NOT {TYPE_PAUSED}
           AND {unsent}
           AND (task_type, handler_version) IN (
               SELECT * FROM unnest(CAST(:types AS text[]), CAST(:versions AS int[])))
@@ -118,7 +121,8 @@ def _due_ctes(freed: str = "0", *, ending: str | None = None, republish: bool = 
 # ---------------------------------------------------------------- claim
 
 # The claim, in one statement: a free slot below the capacity (skipping slots other claimers hold),
-# the task marked running under the new token only if it is still pending, wanted, due and of a
+# the task marked running under the new token only if it is still pending, wanted, due, of a type
+# not paused, and of a
 # runnable type and version (and, on the locked path, under its type's cap and owner's limit), the
 # slot taken, the attempt recorded. No slot, or no longer pending: nothing changes. A claim of a
 # task that is not pending (a late or duplicate message) locks no slot at all: locked, that slot
@@ -135,6 +139,7 @@ CLAIM_SQL = Statement(
                started_at = coalesce(started_at, {NOW}), not_before = NULL
         WHERE id = :id AND status = 'pending' AND cancel_requested_at IS NULL
           AND (not_before IS NULL OR not_before <= {NOW})
+          AND NOT {TYPE_PAUSED}
           AND (task_type, handler_version) IN (
               SELECT * FROM unnest(CAST(:types AS text[]), CAST(:versions AS int[])))
           AND EXISTS (SELECT 1 FROM slot)
@@ -171,7 +176,8 @@ REFUSAL_SQL = Statement(
     f"""WITH marked AS (
                             {_UNPUBLISH} AND cancel_requested_at IS NULL RETURNING id)
                         SELECT status, cancel_requested_at IS NOT NULL AS cancel, task_type, handler_version,
-                               not_before > {NOW} AS backoff, NOT {OWNER_UNDER_LIMIT} AS owner_full,
+                               not_before > {NOW} AS backoff, {TYPE_PAUSED} AS paused,
+                               NOT {OWNER_UNDER_LIMIT} AS owner_full,
                                NOT EXISTS (SELECT 1 FROM task_slots WHERE slot < :cap AND task_id IS NULL)
                                  AS full,
                                (SELECT count(*) FROM task_slots WHERE slot < :cap) < :cap AS missing,
@@ -399,6 +405,15 @@ UNRUNNABLE_PENDING_SQL = Statement(
                         LIMIT :batch FOR UPDATE SKIP LOCKED"""
 )
 
+# ---------------------------------------------------------------- paused types
+
+PAUSE_TYPE_SQL = Statement(
+    f"""INSERT INTO paused_types (task_type, paused_by, paused_at) VALUES (:tt, :by, {NOW})
+                      ON CONFLICT (task_type) DO NOTHING"""
+)
+RESUME_TYPE_SQL = Statement("DELETE FROM paused_types WHERE task_type = :tt RETURNING task_type")
+PAUSED_TYPES_SQL = Statement("SELECT * FROM paused_types ORDER BY task_type")
+
 # ---------------------------------------------------------------- reads
 
 GET_SQL = Statement("SELECT * FROM tasks WHERE id = :id")
@@ -434,6 +449,7 @@ def waiting_facts_sql(ownerless: bool) -> str:
     (0.61 vs 0.36 ms)."""
     same_owner = "owner IS NULL" if ownerless else "owner = :owner"
     return f"""SELECT CAST(:nb AS timestamptz) > {NOW} AS backoff,
+        EXISTS (SELECT 1 FROM paused_types WHERE task_type = :tt) AS paused,
         (SELECT count(*) FROM tasks WHERE status = 'running') AS running,
         (SELECT count(*) FROM tasks WHERE status = 'running' AND {same_owner}) AS mine_running,
         (SELECT count(*) FROM (SELECT 1 FROM tasks WHERE status = 'pending' AND {same_owner}
