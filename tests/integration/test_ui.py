@@ -516,6 +516,29 @@ async def test_retry_makes_a_new_task_once_and_the_list_retries_the_failed_ones(
     assert (await svc.repo.summary())["by_status"]["pending"] == 3
 
 
+async def test_an_admin_pauses_and_resumes_a_type_from_its_list(svc: Any, browser: Any) -> None:
+    tid = await submit(svc.repo, "diagnostics.noop", {}, owner="alice")
+    root, alice = await browser("root"), await browser("alice")
+    listing = await root.get("/ui?task_type=diagnostics.noop")
+    assert ">Pause diagnostics.noop</button>" in listing.text
+    assert ">Pause" not in (await alice.get("/ui?task_type=diagnostics.noop")).text  # admin only
+    assert ">Pause" not in (await root.get("/ui?task_type=demo.0")).text  # not a type this runs
+    refused = await alice.post("/ui/task-types/diagnostics.noop/pause", data={"csrf": await csrf_of(alice)})
+    assert refused.status_code == 403 and await svc.repo.paused_types() == []
+    assert (await root.post("/ui/task-types/diagnostics.noop/pause", data={})).status_code == 403  # no token
+    csrf = await csrf_of(root)
+    r = await root.post("/ui/task-types/diagnostics.noop/pause", data={"csrf": csrf})
+    assert r.status_code == 303 and r.headers["location"] == "/ui?task_type=diagnostics.noop&notice=paused"
+    page = await root.get(r.headers["location"])
+    assert "Paused: its pending tasks wait" in page.text and ">Resume diagnostics.noop</button>" in page.text
+    assert 'data-paused="diagnostics.noop"' in (await alice.get("/ui")).text  # everyone sees why they wait
+    assert "type paused" in (await alice.get(f"/ui/tasks/{tid}")).text
+    r = await root.post("/ui/task-types/diagnostics.noop/resume", data={"csrf": csrf})
+    assert r.headers["location"] == "/ui?task_type=diagnostics.noop&notice=resumed"
+    assert await svc.repo.paused_types() == []
+    assert (await root.post("/ui/task-types/no.such/pause", data={"csrf": csrf})).status_code == 404
+
+
 async def test_task_page_shows_payload_result_error_and_attempts(svc: Any, browser: Any) -> None:
     tid = await submit(
         svc.repo, "diagnostics.sleep", {"seconds": 3, "note": "<script>alert(1)</script>"}, owner="alice"
