@@ -207,6 +207,9 @@ class TaskPlan:
 def build_workload(seed: int, n: int) -> list[TaskPlan]:
     """The mixed diagnostics tasks of a campaign, a pure function of the seed."""
     rng = random.Random(f"dtask-chaos:{seed}:tasks")
+    # Schedules and priorities from a stream of their own: the types and payloads a seed drew
+    # before they existed stay the same.
+    later_rng = random.Random(f"dtask-chaos:{seed}:schedules")
     plans = []
     for i in range(n):
         roll = rng.random()
@@ -222,8 +225,9 @@ def build_workload(seed: int, n: int) -> list[TaskPlan]:
         else:  # a few keys, reused all campaign long: actives collide, finished ones free their key
             task_type = rng.choice(("diagnostics.sleep", "diagnostics.sleep_retry_safe"))
             plans.append(TaskPlan(task_type, sleep, dedupe_key=f"chaos-key-{rng.randrange(4)}"))
-        later = round(rng.uniform(0.5, 6.0), 2) if rng.random() < 0.2 else None
-        plans[-1] = dataclasses.replace(plans[-1], delay_seconds=later, priority=rng.choice((-5, 0, 0, 0, 5)))
+        later = round(later_rng.uniform(0.5, 6.0), 2) if later_rng.random() < 0.2 else None
+        priority = later_rng.choice((-5, 0, 0, 0, 5))
+        plans[-1] = dataclasses.replace(plans[-1], delay_seconds=later, priority=priority)
     return plans
 
 
