@@ -162,7 +162,7 @@ async def test_counting_older_tasks_stops_at_the_cap_however_long_the_queue(svc:
         newest = (await conn.execute(text(
             "SELECT created_at, id FROM tasks ORDER BY created_at DESC, id DESC LIMIT 1"
         ))).one()
-        params = {"nb": None, "now": None, "owner": "alice", "created": newest[0], "id": newest[1]}
+        params = {"nb": None, "now": None, "owner": "alice", "tt": "x", "created": newest[0], "id": newest[1]}
         plan = (await conn.execute(
             text("EXPLAIN (FORMAT JSON) " + waiting_facts_sql(False)), params
         )).scalar_one()
