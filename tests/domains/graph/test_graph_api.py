@@ -26,6 +26,8 @@ from tests.graph_helpers import build_row, corpus, expected_tables, graph_tables
 from tests.knowledge_helpers import ALICE, BOB, ROOT, knowledge_api, run_pending, scalar
 
 pytestmark = pytest.mark.usefixtures("clean_db")
+# The name a build records for the default extractor (what a worker's handler takes over with).
+DEFAULT_NAME = load_extractor("capitalised").name
 
 SMALL = [
     ["Then Ada met Bob and Ada again, near Cyd.", "Then Bob met Ada."],  # Ada x3, Bob x2, Cyd
@@ -58,7 +60,7 @@ async def _expire_and_reconcile(svc: Any, task_id: uuid.UUID) -> Any:
 async def _one_batch(ctx: TaskContext, base: str, n: int) -> int:
     """What the handler does for its first batch, as attempt ``ctx``: the chunks it counted."""
     async with ctx.owning_transaction() as conn:
-        row = await store.take_over(conn, ctx.task_id, ctx.attempt_token, "capitalised")
+        row = await store.take_over(conn, ctx.task_id, ctx.attempt_token, DEFAULT_NAME)
         assert row is not None
         pos = None if row["cursor_file"] is None else (row["cursor_file"], row["cursor_seq"])
         chunks = await store.chunks_after(conn, base, pos, n)
@@ -244,7 +246,7 @@ async def test_a_stale_attempt_cannot_write_after_the_retry_took_over_and_the_re
         # Attempt B claims it and takes the build over.
         b = await _attempt(svc, task_id)
         async with b.owning_transaction() as conn:
-            assert await store.take_over(conn, task_id, b.attempt_token, "capitalised") is not None
+            assert await store.take_over(conn, task_id, b.attempt_token, DEFAULT_NAME) is not None
         tables = await graph_tables(svc, build_id)
 
         # A wakes up and writes its next batch: the owning transaction refuses it...
