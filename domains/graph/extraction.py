@@ -42,7 +42,8 @@ class EntityExtractor(Protocol):
 _CJK_CHARS = "\u1100-\u11ff\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
 _CJK_RUN = re.compile(f"[{_CJK_CHARS}]+")
 # A word: a letter first, then letters, digits, apostrophes or hyphens inside (no CJK character).
-_WORD = re.compile(f"[^\\W\\d_{_CJK_CHARS}](?:[^\\W{_CJK_CHARS}]|['\u2019-])*(?<=[^\\W{_CJK_CHARS}])")
+_W = f"[^\\W{_CJK_CHARS}]"
+_WORD = re.compile(f"[^\\W\\d_{_CJK_CHARS}]{_W}*(?:['\u2019-]+{_W}+)*")
 # What between two words ends a sentence (a line break too: a heading or list item starts afresh).
 _SENTENCE_END = re.compile("[.!?:;\n\u3002\uff01\uff1f\uff1b\uff1a]")
 # Small words that may sit inside a name ("Bank of England", "Ludwig van Beethoven").
@@ -75,6 +76,12 @@ CJK_NAME_TAGS = frozenset({"nr", "nrfg", "ns", "nt", "nz"})
 CJK_GENERIC = frozenset(
     """索引 城市 太阳 海洋 山区 山林 东南 西北 东北 西南 中断 入门 加密 苏醒 端正 耐力 高清 须知 凌空
     银行卡 特许权 台风 太阳光 天气晴朗""".split()
+)
+# The most common Chinese surnames: a person's name the dictionary does not know starts with one.
+CJK_SURNAMES = frozenset(
+    "王李张刘陈杨黄赵吴周徐孙马朱胡郭何高林罗郑梁谢宋唐许韩冯邓曹彭曾肖田董袁潘于蒋蔡余杜叶程苏魏吕丁"
+    "任沈姚卢姜崔钟谭陆汪范金石廖贾夏韦付方白邹孟熊秦邱江尹薛闫段雷侯龙史陶黎贺顾毛郝龚邵万钱严覃武戴"
+    "莫孔向汤欧常"
 )
 # Function characters the tagger sometimes fuses onto the front of a name ("于长江", "从立春").
 _CJK_LEADING = frozenset("和于从在与对向把被将及")
@@ -146,7 +153,9 @@ class CapitalisedTermExtractor:
                 close()
                 sentence_start = True
             elif gap.strip():
-                close()  # a comma, bracket or quote: the name (if any) ended there
+                close()  # a comma, bracket, quote or CJK text: the name (if any) ended there
+                if _CJK_RUN.search(gap):
+                    sentence_start = False  # "用 Python 写": the sentence opened before the word
             word = _clean(match.group())
             if _capitalised(word):
                 if not run:
@@ -187,20 +196,49 @@ def _cjk_names(text: str) -> list[tuple[int, str]]:
     """(offset, name) of each tagged Chinese name, in order: each CJK run tagged on its own, so a
     name never takes in a Latin neighbour."""
     tagger = _posseg()
-    tags = tagger.word_tag_tab
     out: list[tuple[int, str]] = []
     for run in _CJK_RUN.finditer(text):
         at = run.start()
-        for pair in tagger.cut(run.group(), HMM=True):
+        singles: list[str] = []  # consecutive one-character words: what the dictionary did not know
+        # HMM=False: dictionary words only. The tagger's HMM for unknown words makes tagging about
+        # six times slower and mostly yields fragments ("黑方先", "从立春"); people's names, the
+        # unknown words that matter, are found in the leftover single characters instead.
+        for pair in tagger.cut(run.group(), HMM=False):
             word, flag = pair.word, pair.flag
-            start, at = at, at + len(word)
-            if flag not in CJK_NAME_TAGS:
-                continue
-            if word[0] in _CJK_LEADING and len(word) > 2 and tags.get(word[1:]) in CJK_NAME_TAGS:
-                word, start = word[1:], start + 1  # "于长江" -> "长江"
-            if len(word) >= 2 and word not in CJK_GENERIC:
-                out.append((start, word))
+            if len(word) == 1:
+                singles.append(word)
+            else:
+                out.extend(_unknown_people(singles, at - len(singles)))
+                singles = []
+                _add_name(out, tagger, at, word, flag)
+            at += len(word)
+        out.extend(_unknown_people(singles, at - len(singles)))
     return out
+
+
+def _add_name(out: list[tuple[int, str]], tagger: Any, at: int, word: str, flag: str) -> None:
+    if flag not in CJK_NAME_TAGS:
+        return
+    if word[0] in _CJK_LEADING and len(word) > 2 and tagger.word_tag_tab.get(word[1:]) in CJK_NAME_TAGS:
+        word, at = word[1:], at + 1  # "于长江" -> "长江"
+    if word not in CJK_GENERIC:
+        out.append((at, word))
+
+
+def _unknown_people(singles: list[str], at: int) -> list[tuple[int, str]]:
+    """People among characters the dictionary split one by one ("马", "云", "在"): jieba's
+    word-boundary HMM groups them ("马云", "在"), and a word of two or three that starts with a
+    common surname is taken for a person."""
+    if len(singles) < 2:
+        return []
+    from jieba import finalseg
+
+    found = []
+    for word in finalseg.cut("".join(singles)):
+        if 2 <= len(word) <= 3 and word[0] in CJK_SURNAMES:
+            found.append((at, word))
+        at += len(word)
+    return found
 
 
 def _in_text_order(text: str, latin: list[str], cjk: list[tuple[int, str]]) -> list[str]:

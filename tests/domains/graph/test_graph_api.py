@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import text
 
 from domains.graph import store
-from domains.graph.extraction import count_chunks, load_extractor
+from domains.graph.extraction import SMALL_BASE_CHUNKS, count_chunks, load_extractor
 from domains.graph.handlers import _batch_writer
 from domains.graph.tasks import MAX_ATTEMPTS
 from tasks_core.store.outcomes import OwnershipLost
@@ -347,3 +347,37 @@ async def test_worker_shutdown_hands_the_build_back_and_the_next_run_resumes_at_
         task = (await client.get(f"/tasks/{task_id}", headers=ALICE)).json()
         assert task["attempt_count"] == 2 and task["result"]["resumed_from"] == 6
         assert await graph_tables(svc, build_id) == expected_tables([t for f in files for t in f])
+
+
+async def test_entities_of_a_single_chunk_are_dropped_with_their_edges_unless_the_base_is_small() -> None:
+    common = ["Then Ada met Bob."] * (SMALL_BASE_CHUNKS - 1)
+    rare = "Then Ada met Zed and Bob."  # Zed: one chunk
+    async with knowledge_api() as (client, svc):
+        big, _ = await make_base(svc, [[*common, rare]])
+        small, _ = await make_base(svc, [[*common[1:], rare]])
+        built = [await _build(client, big), await _build(client, small)]
+        assert await run_pending(svc) == ["success", "success"]
+        n = SMALL_BASE_CHUNKS
+        assert await graph_tables(svc, uuid.UUID(built[0]["build_id"])) == (
+            {("Ada", n, n), ("Bob", n, n)},
+            {("Ada", "Bob", n)},
+        )
+        row = await build_row(svc, uuid.UUID(built[0]["build_id"]))
+        assert (row["entity_count"], row["edge_count"]) == (2, 1)
+        m = n - 1  # under SMALL_BASE_CHUNKS: every name stays
+        assert await graph_tables(svc, uuid.UUID(built[1]["build_id"])) == (
+            {("Ada", m, m), ("Bob", m, m), ("Zed", 1, 1)},
+            {("Ada", "Bob", m), ("Ada", "Zed", 1), ("Bob", "Zed", 1)},
+        )
+        r = await client.get(f"/graph/{big}/neighbors", params={"entity": "Ada"}, headers=ALICE)
+        assert [e["name"] for e in r.json()["neighbors"]] == ["Bob"], r.text
+
+
+async def test_a_chinese_base_gets_chinese_entities() -> None:
+    text = "马云在杭州创办了阿里巴巴，后来又在杭州建立了蚂蚁集团。"
+    async with knowledge_api() as (client, svc):
+        base, _ = await make_base(svc, [[text, "杭州的西湖很有名。马云也喜欢西湖。"]])
+        built = await _build(client, base)
+        assert await run_pending(svc) == ["success"]
+        entities, _ = await graph_tables(svc, uuid.UUID(built["build_id"]))
+        assert {("马云", 2, 2), ("杭州", 3, 2), ("西湖", 2, 1)} <= entities
