@@ -17,15 +17,14 @@ entity seen once in a large base is more often noise than a subject.
 
 from __future__ import annotations
 
-import logging
 import re
-import threading
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any, Protocol
 
+from domains.cjk import CJK_CHARS, CJK_RUN, jieba_tagger
 from tasks_core.registry import import_path
 
 
@@ -38,12 +37,10 @@ class EntityExtractor(Protocol):
         ...
 
 
-# CJK characters (Han, kana, Hangul): never part of a Latin word, read by the tagger instead.
-_CJK_CHARS = "\u1100-\u11ff\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
-_CJK_RUN = re.compile(f"[{_CJK_CHARS}]+")
-# A word: a letter first, then letters, digits, apostrophes or hyphens inside (no CJK character).
-_W = f"[^\\W{_CJK_CHARS}]"
-_WORD = re.compile(f"[^\\W\\d_{_CJK_CHARS}]{_W}*(?:['\u2019-]+{_W}+)*")
+# A word: a letter first, then letters, digits, apostrophes or hyphens inside. No CJK character:
+# the tagger reads those.
+_W = f"[^\\W{CJK_CHARS}]"
+_WORD = re.compile(f"[^\\W\\d_{CJK_CHARS}]{_W}*(?:['\u2019-]+{_W}+)*")
 # What between two words ends a sentence (a line break too: a heading or list item starts afresh).
 _SENTENCE_END = re.compile("[.!?:;\n\u3002\uff01\uff1f\uff1b\uff1a]")
 # Small words that may sit inside a name ("Bank of England", "Ludwig van Beethoven").
@@ -115,7 +112,7 @@ class CapitalisedTermExtractor:
 
     def extract(self, text: str) -> list[str]:
         found = self._latin(text)
-        if self.cjk and _CJK_RUN.search(text):
+        if self.cjk and CJK_RUN.search(text):
             found = _in_text_order(text, found, _cjk_names(text))
         return _merge_short_forms(found)
 
@@ -154,7 +151,7 @@ class CapitalisedTermExtractor:
                 sentence_start = True
             elif gap.strip():
                 close()  # a comma, bracket, quote or CJK text: the name (if any) ended there
-                if _CJK_RUN.search(gap):
+                if CJK_RUN.search(gap):
                     sentence_start = False  # "用 Python 写": the sentence opened before the word
             word = _clean(match.group())
             if _capitalised(word):
@@ -174,30 +171,12 @@ class CapitalisedTermExtractor:
 
 # ------------------------------------------------------------------------------------------------ CJK
 
-_jieba_lock = threading.Lock()
-_tagger: Any = None
-
-
-def _posseg() -> Any:
-    """jieba's tagger, imported (and its dictionary loaded, about a second) on first CJK text only."""
-    global _tagger
-    with _jieba_lock:
-        if _tagger is None:
-            import jieba
-            import jieba.posseg
-
-            jieba.setLogLevel(logging.WARNING)  # not its "Building prefix dict" lines in worker logs
-            jieba.posseg.dt.initialize()
-            _tagger = jieba.posseg.dt
-    return _tagger
-
-
 def _cjk_names(text: str) -> list[tuple[int, str]]:
     """(offset, name) of each tagged Chinese name, in order: each CJK run tagged on its own, so a
     name never takes in a Latin neighbour."""
-    tagger = _posseg()
+    tagger = jieba_tagger()
     out: list[tuple[int, str]] = []
-    for run in _CJK_RUN.finditer(text):
+    for run in CJK_RUN.finditer(text):
         at = run.start()
         singles: list[str] = []  # consecutive one-character words: what the dictionary did not know
         # HMM=False: dictionary words only. The tagger's HMM for unknown words makes tagging about
@@ -231,7 +210,7 @@ def _unknown_people(singles: list[str], at: int) -> list[tuple[int, str]]:
     common surname is taken for a person."""
     if len(singles) < 2:
         return []
-    from jieba import finalseg
+    from jieba import finalseg  # loaded with the tagger
 
     found = []
     for word in finalseg.cut("".join(singles)):

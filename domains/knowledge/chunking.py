@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+from domains.cjk import CJK_CHARS
+
 MAX_CHARS = 1000
 OVERLAP_CHARS = 200
 
@@ -25,8 +27,8 @@ CJK_SENTENCE_ENDS = ("。", "！", "？", "；", "…")
 CJK_CLAUSE_MARKS = ("，", "、", "：")
 # What may follow a CJK sentence end and still belong to its sentence: 他说：“好。” / ……
 _CLOSERS = frozenset("”’」』）》】〕〉…\"')")
-# CJK characters and CJK/full-width punctuation: a line break between two of them is no space.
-_CJK = "\u1100-\u11ff\u2e80-\u2fdf\u3000-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef"
+# CJK characters, radicals, CJK and full-width punctuation: a line break between two of them is no space.
+_CJK = CJK_CHARS + "\u2e80-\u2fdf\u3000-\u303f\uff00-\uffef"
 _CJK_LINE_BREAK = re.compile(f"(?<=[{_CJK}])[^\\S\n]*\n\\s*(?=[{_CJK}])")
 
 

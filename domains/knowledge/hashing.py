@@ -20,10 +20,10 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
+from domains.cjk import CJK_CHARS
+
 DEFAULT_DIMENSION = 1024
 
-# Han (with extension A and the compatibility block), Japanese kana, Hangul syllables and jamo.
-CJK_CHARS = "\u1100-\u11ff\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
 # A CJK run, or a word of any other script: the two never glue ("Owner统一定义" is two runs).
 _TOKEN = re.compile(f"([{CJK_CHARS}]+)|[^\\W{CJK_CHARS}]+", re.UNICODE)
 # Chinese function characters: as single characters they match nearly every passage (bigrams
