@@ -117,7 +117,9 @@ def expected_tables(texts: Sequence[str]) -> tuple[set[tuple[str, int, int]], se
 
     counts = count_chunks(CapitalisedTermExtractor(), texts)
     least = min_chunks(len(texts))
-    entities = {(n, counts.mentions[n], counts.chunks[n]) for n in counts.mentions if counts.chunks[n] >= least}
+    entities = {
+        (n, counts.mentions[n], counts.chunks[n]) for n in counts.mentions if counts.chunks[n] >= least
+    }
     kept = {n for n, _, _ in entities}
     edges = {(a, b, w) for (a, b), w in counts.edges.items() if a in kept and b in kept}
     return entities, edges

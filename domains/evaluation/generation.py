@@ -33,13 +33,14 @@ SEED = "evaluation-plan-1"
 _LATIN_WORD = re.compile(f"[^\\W{CJK_CHARS}]+")
 # A sentence: up to its end mark, or a line's end (a heading has none).
 _SENTENCE = re.compile("[^.!?。！？；…\n]+[.!?。！？；…]*")
-_STOPWORDS = frozenset(
-    """the a an and or but of to in on at by for from with without into onto over under as is are was
-    were be been being it its this that these those there their they them he she his her we you your
-    our not no nor so if then than when while which who whom whose what where why how can could will
-    would should may might must shall do does did done has have had having also such each every some
-    any all most more other only very just about after before between during through per via""".split()
-)
+# English words no question names.
+_STOPWORD_TEXT = """the a an and or but of to in on at by for from with without into onto over under as is are
+    was were be been being it its this that these those there their they them he she his her
+    we you your our not no nor so if then than when while which who whom whose what where why
+    how can could will would should may might must shall do does did done has have had having
+    also such each every some any all most more other only very just about after before
+    between during through per via"""
+_STOPWORDS = frozenset(_STOPWORD_TEXT.split())
 
 
 @dataclass(frozen=True)
@@ -100,10 +101,14 @@ class LocalGenerator:
         sentences = [m.group().strip() for m in _SENTENCE.finditer(text) if _terms(m.group())]
         if not sentences:
             fallback = text.strip()[:500] or request.chunk.chunk_id
-            return GeneratedItem(request.chunk.chunk_id, request.ordinal, f"Which passage says: {fallback}?", fallback)
+            return GeneratedItem(
+                request.chunk.chunk_id, request.ordinal, f"Which passage says: {fallback}?", fallback
+            )
         # Ordinals spread over the sentences; past their number, a later slice of the terms.
         k = request.ordinal
-        at = (k * len(sentences)) // self.per_chunk if len(sentences) >= self.per_chunk else k % len(sentences)
+        at = (
+            (k * len(sentences)) // self.per_chunk if len(sentences) >= self.per_chunk else k % len(sentences)
+        )
         sentence = sentences[at]
         terms = _terms(sentence)
         # Short sentences borrow the next one's terms, so a question is never one or two words.
@@ -130,7 +135,11 @@ def _terms(sentence: str) -> list[str]:
 
 
 def _latin_terms(text: str) -> list[str]:
-    return [w for w in _LATIN_WORD.findall(text) if len(w) >= 3 and w.lower() not in _STOPWORDS and not w.isdigit()]
+    return [
+        w
+        for w in _LATIN_WORD.findall(text)
+        if len(w) >= 3 and w.lower() not in _STOPWORDS and not w.isdigit()
+    ]
 
 
 def _segment(run: str) -> list[str]:

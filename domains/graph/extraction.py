@@ -70,10 +70,9 @@ GENERIC_WORDS = frozenset(_GENERIC.split())
 # loanwords the dictionary tags so ("比特", "令牌").
 CJK_NAME_TAGS = frozenset({"nr", "nrfg", "ns", "nt", "nz"})
 # Common words the dictionary tags as names; as entities they are noise.
-CJK_GENERIC = frozenset(
-    """索引 城市 太阳 海洋 山区 山林 东南 西北 东北 西南 中断 入门 加密 苏醒 端正 耐力 高清 须知 凌空
-    银行卡 特许权 台风 太阳光 天气晴朗""".split()
-)
+_CJK_GENERIC = """索引 城市 太阳 海洋 山区 山林 东南 西北 东北 西南 中断 入门 加密 苏醒 端正 耐力 高清 须知
+    凌空 银行卡 特许权 台风 太阳光 天气晴朗"""
+CJK_GENERIC = frozenset(_CJK_GENERIC.split())
 # The most common Chinese surnames: a person's name the dictionary does not know starts with one.
 CJK_SURNAMES = frozenset(
     "王李张刘陈杨黄赵吴周徐孙马朱胡郭何高林罗郑梁谢宋唐许韩冯邓曹彭曾肖田董袁潘于蒋蔡余杜叶程苏魏吕丁"
@@ -167,9 +166,8 @@ class CapitalisedTermExtractor:
         return found
 
 
-
-
 # ------------------------------------------------------------------------------------------------ CJK
+
 
 def _cjk_names(text: str) -> list[tuple[int, str]]:
     """(offset, name) of each tagged Chinese name, in order: each CJK run tagged on its own, so a

@@ -193,7 +193,10 @@ async def finish(conn: AsyncConnection, task_id: uuid.UUID) -> Row | None:
     whole, whatever the attempts before."""
     building = _one(
         await conn.execute(
-            text(f"SELECT id, chunks_done FROM graph_builds WHERE task_id = :t AND status = '{BUILDING}' FOR UPDATE"),
+            text(
+                f"""SELECT id, chunks_done FROM graph_builds
+                WHERE task_id = :t AND status = '{BUILDING}' FOR UPDATE"""
+            ),
             {"t": task_id},
         )
     )
@@ -227,13 +230,14 @@ async def _prune(conn: AsyncConnection, build_id: uuid.UUID, least: int) -> None
     if least <= 1:
         return
     await conn.execute(
-        text("DELETE FROM graph_entities WHERE build_id = :id AND chunks < :least"), {"id": build_id, "least": least}
+        text("DELETE FROM graph_entities WHERE build_id = :id AND chunks < :least"),
+        {"id": build_id, "least": least},
     )
     await conn.execute(
         text(
-            """DELETE FROM graph_edges e WHERE e.build_id = :id AND (
-                NOT EXISTS (SELECT 1 FROM graph_entities n WHERE n.build_id = :id AND n.name = e.source)
-                OR NOT EXISTS (SELECT 1 FROM graph_entities n WHERE n.build_id = :id AND n.name = e.target))"""
+            """DELETE FROM graph_edges e WHERE e.build_id = :id
+            AND (NOT EXISTS (SELECT 1 FROM graph_entities n WHERE n.build_id = :id AND n.name = e.source)
+              OR NOT EXISTS (SELECT 1 FROM graph_entities n WHERE n.build_id = :id AND n.name = e.target))"""
         ),
         {"id": build_id},
     )

@@ -35,7 +35,11 @@ def test_the_plan_takes_ordinal_0_of_every_chunk_then_ordinal_1_in_the_same_orde
 
 
 def _base(files: int, chunks_per_file: int) -> list[Chunk]:
-    return [Chunk(f"{f:02d}-{s}", f"text of file {f} part {s}.") for f in range(files) for s in range(chunks_per_file)]
+    return [
+        Chunk(f"{f:02d}-{s}", f"text of file {f} part {s}.")
+        for f in range(files)
+        for s in range(chunks_per_file)
+    ]
 
 
 def test_the_plan_deals_one_chunk_of_every_file_before_a_second_of_any() -> None:

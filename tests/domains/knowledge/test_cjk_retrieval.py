@@ -117,7 +117,9 @@ async def test_chinese_questions_find_their_document_first(knowledge_stores: dic
     assert hit >= 0.8, missed
 
 
-async def test_english_questions_find_their_document_as_well_as_before(knowledge_stores: dict[str, str]) -> None:
+async def test_english_questions_find_their_document_as_well_as_before(
+    knowledge_stores: dict[str, str],
+) -> None:
     # 16 of 20 with the words-only embedder this one replaced (whose Latin vectors it keeps).
     async with knowledge_api() as (client, svc):
         hit, missed = await _hit_at_1(client, svc, "en_corpus")

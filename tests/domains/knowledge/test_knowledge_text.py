@@ -155,7 +155,9 @@ def test_text_without_spaces_is_cut_after_its_sentences_not_inside_them() -> Non
 def test_cjk_sentence_ends_keep_their_closing_quotes_and_clause_marks_are_the_next_boundary() -> None:
     quoted = "他说：“今天天气很好。”然后我们出发了。" * 30
     pieces = _split_long(quoted, 100)
-    assert all(p.endswith(("。”", "了。")) for p in pieces[:-1]) and not any(p.startswith("”") for p in pieces)
+    assert all(p.endswith(("。”", "了。")) for p in pieces[:-1]) and not any(
+        p.startswith("”") for p in pieces
+    )
     # One long sentence with commas: cut after a comma, not inside a word.
     clauses = "，".join(["一路向北经过很多城市"] * 40) + "。"
     assert all(p.endswith("，") for p in _split_long(clauses, 100)[:-1])
