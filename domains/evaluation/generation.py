@@ -198,7 +198,10 @@ def load_generator(spec: str) -> ItemGenerator:
         spec = "domains.evaluation.llm_generator:from_settings"
     try:
         target = import_path(spec)
-        generator = target() if callable(target) and not isinstance(target, ItemGenerator) else target
+        # A class or a factory is called; an instance is used as it is. (A class with the
+        # protocol's attributes passes isinstance itself, so it is told apart first.)
+        called = isinstance(target, type) or (callable(target) and not isinstance(target, ItemGenerator))
+        generator = target() if called else target
     except (ImportError, AttributeError, TypeError, ValueError) as exc:
         raise ValueError(f"DTASK_EVAL_GENERATOR={spec!r}: {exc}") from exc
     if not isinstance(generator, ItemGenerator):

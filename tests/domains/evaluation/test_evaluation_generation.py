@@ -112,6 +112,8 @@ def test_outcome_of_one_item() -> None:
 
 def test_load_generator_refuses_what_is_not_a_generator() -> None:
     assert isinstance(load_generator("local"), LocalGenerator)
+    # A class is instantiated, even one whose class attributes already look like a generator.
+    assert isinstance(load_generator("tests.evaluation_generators:GateGenerator"), LocalGenerator)
     with pytest.raises(ValueError, match="not an ItemGenerator"):
         load_generator("domains.evaluation.generation:QUESTIONS_PER_CHUNK")
     for spec in ("domains.evaluation.generation:Chunk", "no_such_module:x", "nonsense"):
