@@ -16,7 +16,7 @@ from domains.graph.extraction import CapitalisedTermExtractor
 
 
 class GateExtractor:
-    name = "capitalised"
+    name = CapitalisedTermExtractor.name
 
     def __init__(self) -> None:
         self._inner = CapitalisedTermExtractor()

@@ -111,12 +111,17 @@ async def graph_tables(
 
 
 def expected_tables(texts: Sequence[str]) -> tuple[set[tuple[str, int, int]], set[tuple[str, str, int]]]:
-    """The graph a clean build must store, computed here with the default extractor (no database)."""
-    from domains.graph.extraction import CapitalisedTermExtractor, count_chunks
+    """The graph a clean build must store, computed here with the default extractor (no database):
+    the entities of at least ``min_chunks`` chunks and the edges between them."""
+    from domains.graph.extraction import CapitalisedTermExtractor, count_chunks, min_chunks
 
     counts = count_chunks(CapitalisedTermExtractor(), texts)
-    entities = {(n, counts.mentions[n], counts.chunks[n]) for n in counts.mentions}
-    edges = {(a, b, w) for (a, b), w in counts.edges.items()}
+    least = min_chunks(len(texts))
+    entities = {
+        (n, counts.mentions[n], counts.chunks[n]) for n in counts.mentions if counts.chunks[n] >= least
+    }
+    kept = {n for n, _, _ in entities}
+    edges = {(a, b, w) for (a, b), w in counts.edges.items() if a in kept and b in kept}
     return entities, edges
 
 

@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 from domains.knowledge import catalog
+from domains.knowledge.hashing import HashingEmbedder
 from domains.knowledge.parsing import file_type_of
 from domains.knowledge.tasks import INGEST
 from tasks_core.model import Status
@@ -16,7 +17,7 @@ from tasks_core.store.outcomes import Claim, NewTask
 
 async def new_base(svc: Any, owner: str, name: str) -> str:
     async with svc.engine.begin() as conn:
-        return str((await catalog.insert_base(conn, owner, name, "hashing-1024", 1024))["id"])
+        return str((await catalog.insert_base(conn, owner, name, HashingEmbedder().name, 1024))["id"])
 
 
 async def add_file(svc: Any, base_id: str, owner: str, filename: str) -> tuple[str, uuid.UUID]:

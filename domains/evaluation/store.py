@@ -40,14 +40,16 @@ async def _all(conn: AsyncConnection, sql: str, **params: Any) -> list[Row]:
 
 
 async def base_chunks(conn: AsyncConnection, base_id: str) -> list[Chunk]:
-    """The texts of the base's indexed files: what a dataset is drawn from."""
+    """The texts of the base's indexed files, with their file: what a dataset is drawn from (the
+    plan spreads it over the files; the order here only makes reads repeatable)."""
     rows = await _all(
         conn,
-        """SELECT c.chunk_id, c.text FROM knowledge_chunks c JOIN knowledge_files f ON f.file_id = c.file_id
+        """SELECT c.chunk_id, c.text, c.file_id FROM knowledge_chunks c
+        JOIN knowledge_files f ON f.file_id = c.file_id
         WHERE f.kb_id = :kb AND f.status = 'indexed' ORDER BY c.chunk_id""",
         kb=base_id,
     )
-    return [Chunk(r["chunk_id"], r["text"]) for r in rows]
+    return [Chunk(r["chunk_id"], r["text"], r["file_id"]) for r in rows]
 
 
 async def chunk_count(conn: AsyncConnection, base_id: str) -> int:

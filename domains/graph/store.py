@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from domains.graph.extraction import BatchCounts
+from domains.graph.extraction import BatchCounts, min_chunks
 from domains.graph.model import BUILDING, BUILT
 
 Row = dict[str, Any]
@@ -188,7 +188,21 @@ async def position(conn: AsyncConnection, build_id: uuid.UUID) -> tuple[Position
 
 
 async def finish(conn: AsyncConnection, task_id: uuid.UUID) -> Row | None:
-    """The task's build becomes the base's graph; older finished builds of the base go."""
+    """The task's build becomes the base's graph, without its rare entities (``min_chunks``); older
+    finished builds of the base go. All in the task's success transaction: a graph is pruned once,
+    whole, whatever the attempts before."""
+    building = _one(
+        await conn.execute(
+            text(
+                f"""SELECT id, chunks_done FROM graph_builds
+                WHERE task_id = :t AND status = '{BUILDING}' FOR UPDATE"""
+            ),
+            {"t": task_id},
+        )
+    )
+    if building is None:
+        return None
+    await _prune(conn, building["id"], min_chunks(int(building["chunks_done"])))
     row = _one(
         await conn.execute(
             text(
@@ -209,6 +223,24 @@ async def finish(conn: AsyncConnection, task_id: uuid.UUID) -> Row | None:
             {"base": row["base_id"], "id": row["id"], "created": row["created_at"]},
         )
     return row
+
+
+async def _prune(conn: AsyncConnection, build_id: uuid.UUID, least: int) -> None:
+    """Drop the build's entities of fewer than ``least`` chunks, and the edges that touch them."""
+    if least <= 1:
+        return
+    await conn.execute(
+        text("DELETE FROM graph_entities WHERE build_id = :id AND chunks < :least"),
+        {"id": build_id, "least": least},
+    )
+    await conn.execute(
+        text(
+            """DELETE FROM graph_edges e WHERE e.build_id = :id
+            AND (NOT EXISTS (SELECT 1 FROM graph_entities n WHERE n.build_id = :id AND n.name = e.source)
+              OR NOT EXISTS (SELECT 1 FROM graph_entities n WHERE n.build_id = :id AND n.name = e.target))"""
+        ),
+        {"id": build_id},
+    )
 
 
 async def fail(conn: AsyncConnection, task_id: uuid.UUID, status: str, message: str) -> Row | None:

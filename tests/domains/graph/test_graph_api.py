@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import text
 
 from domains.graph import store
-from domains.graph.extraction import count_chunks, load_extractor
+from domains.graph.extraction import SMALL_BASE_CHUNKS, count_chunks, load_extractor
 from domains.graph.handlers import _batch_writer
 from domains.graph.tasks import MAX_ATTEMPTS
 from tasks_core.store.outcomes import OwnershipLost
@@ -26,6 +26,8 @@ from tests.graph_helpers import build_row, corpus, expected_tables, graph_tables
 from tests.knowledge_helpers import ALICE, BOB, ROOT, knowledge_api, run_pending, scalar
 
 pytestmark = pytest.mark.usefixtures("clean_db")
+# The name a build records for the default extractor (what a worker's handler takes over with).
+DEFAULT_NAME = load_extractor("capitalised").name
 
 SMALL = [
     ["Then Ada met Bob and Ada again, near Cyd.", "Then Bob met Ada."],  # Ada x3, Bob x2, Cyd
@@ -58,7 +60,7 @@ async def _expire_and_reconcile(svc: Any, task_id: uuid.UUID) -> Any:
 async def _one_batch(ctx: TaskContext, base: str, n: int) -> int:
     """What the handler does for its first batch, as attempt ``ctx``: the chunks it counted."""
     async with ctx.owning_transaction() as conn:
-        row = await store.take_over(conn, ctx.task_id, ctx.attempt_token, "capitalised")
+        row = await store.take_over(conn, ctx.task_id, ctx.attempt_token, DEFAULT_NAME)
         assert row is not None
         pos = None if row["cursor_file"] is None else (row["cursor_file"], row["cursor_seq"])
         chunks = await store.chunks_after(conn, base, pos, n)
@@ -244,7 +246,7 @@ async def test_a_stale_attempt_cannot_write_after_the_retry_took_over_and_the_re
         # Attempt B claims it and takes the build over.
         b = await _attempt(svc, task_id)
         async with b.owning_transaction() as conn:
-            assert await store.take_over(conn, task_id, b.attempt_token, "capitalised") is not None
+            assert await store.take_over(conn, task_id, b.attempt_token, DEFAULT_NAME) is not None
         tables = await graph_tables(svc, build_id)
 
         # A wakes up and writes its next batch: the owning transaction refuses it...
@@ -345,3 +347,37 @@ async def test_worker_shutdown_hands_the_build_back_and_the_next_run_resumes_at_
         task = (await client.get(f"/tasks/{task_id}", headers=ALICE)).json()
         assert task["attempt_count"] == 2 and task["result"]["resumed_from"] == 6
         assert await graph_tables(svc, build_id) == expected_tables([t for f in files for t in f])
+
+
+async def test_entities_of_a_single_chunk_are_dropped_with_their_edges_unless_the_base_is_small() -> None:
+    common = ["Then Ada met Bob."] * (SMALL_BASE_CHUNKS - 1)
+    rare = "Then Ada met Zed and Bob."  # Zed: one chunk
+    async with knowledge_api() as (client, svc):
+        big, _ = await make_base(svc, [[*common, rare]])
+        small, _ = await make_base(svc, [[*common[1:], rare]])
+        built = [await _build(client, big), await _build(client, small)]
+        assert await run_pending(svc) == ["success", "success"]
+        n = SMALL_BASE_CHUNKS
+        assert await graph_tables(svc, uuid.UUID(built[0]["build_id"])) == (
+            {("Ada", n, n), ("Bob", n, n)},
+            {("Ada", "Bob", n)},
+        )
+        row = await build_row(svc, uuid.UUID(built[0]["build_id"]))
+        assert (row["entity_count"], row["edge_count"]) == (2, 1)
+        m = n - 1  # under SMALL_BASE_CHUNKS: every name stays
+        assert await graph_tables(svc, uuid.UUID(built[1]["build_id"])) == (
+            {("Ada", m, m), ("Bob", m, m), ("Zed", 1, 1)},
+            {("Ada", "Bob", m), ("Ada", "Zed", 1), ("Bob", "Zed", 1)},
+        )
+        r = await client.get(f"/graph/{big}/neighbors", params={"entity": "Ada"}, headers=ALICE)
+        assert [e["name"] for e in r.json()["neighbors"]] == ["Bob"], r.text
+
+
+async def test_a_chinese_base_gets_chinese_entities() -> None:
+    text = "马云在杭州创办了阿里巴巴，后来又在杭州建立了蚂蚁集团。"
+    async with knowledge_api() as (client, svc):
+        base, _ = await make_base(svc, [[text, "杭州的西湖很有名。马云也喜欢西湖。"]])
+        built = await _build(client, base)
+        assert await run_pending(svc) == ["success"]
+        entities, _ = await graph_tables(svc, uuid.UUID(built["build_id"]))
+        assert {("马云", 2, 2), ("杭州", 3, 2), ("西湖", 2, 1)} <= entities

@@ -9,8 +9,16 @@ from typing import Any
 
 import pytest
 
-from domains.knowledge.chunking import _split_long, chunk_text, paragraphs
+from domains.knowledge.chunking import (
+    CJK_CLAUSE_MARKS,
+    CJK_SENTENCE_ENDS,
+    LATIN_SENTENCE_ENDS,
+    _split_long,
+    chunk_text,
+    paragraphs,
+)
 from domains.knowledge.embedding import HashingEmbedder, load_embedder
+from domains.knowledge.hashing import features
 from domains.knowledge.parsing import ParseError, extract_text, file_type_of
 from tests.knowledge_helpers import make_pdf
 
@@ -87,27 +95,118 @@ def test_hashing_embedder_is_deterministic_unit_length_and_lexical() -> None:
     assert scores[0] == max(scores) and scores[1] < scores[2]
 
 
+def _cosine(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True))
+
+
+def test_latin_text_has_the_word_and_trigram_features_it_always_had() -> None:
+    # Latin vectors are those of the words-only embedder: English search works exactly as before.
+    assert features("Lease lease, keeper!") == {
+        "w:lease": 2, "c:^le": 2, "c:lea": 2, "c:eas": 2, "c:ase": 2, "c:se$": 2,
+        "w:keeper": 1, "c:^ke": 1, "c:kee": 1, "c:eep": 1, "c:epe": 1, "c:per": 1, "c:er$": 1,
+    }  # fmt: skip
+
+
+def test_cjk_runs_give_characters_and_bigrams_and_never_glue_to_latin_words() -> None:
+    got = features("Owner统一定义的租约")
+    assert got["w:owner"] == 1 and not any(k.startswith("w:") and len(k) > 7 for k in got)
+    assert {"b:统一", "b:一定", "b:定义", "b:义的", "b:的租", "b:租约"} <= set(got)
+    assert {"u:统", "u:租", "u:约"} <= set(got) and "u:的" not in got  # a function character alone
+    # Punctuation ends a run: no bigram across a full stop or a comma.
+    assert "b:约。" not in features("租约。任务") and "b:约任" not in features("租约。任务")
+    assert set(features("かな カナ 한국어")) >= {"b:かな", "b:カナ", "b:한국", "b:국어"}
+
+
+def test_a_chinese_query_finds_the_chinese_passage_that_uses_its_words() -> None:
+    embedder = HashingEmbedder()
+    docs = [
+        "工作进程在执行期间必须定期续约，租约过期后任务会被重新放回队列。",
+        "签订租房合同时要写明月租金和押金。",
+        "0000 1f8b 0800 0000 0000 0003 ed5d 5b73 dbb6 15fe 2b3c",  # a hex dump: what matched before
+        "Leases expire when a worker stops renewing them.",
+    ]
+    vectors = embedder.embed(docs)
+    for query, best in (("租约", 0), ("租约过期以后任务怎么办", 0), ("押金和租金", 1)):
+        [q] = embedder.embed([query])
+        scores = [_cosine(q, v) for v in vectors]
+        assert scores.index(max(scores)) == best, (query, scores)
+        assert scores[best] > 0.2 and scores[2] < 0.05
+
+
 def test_embedders_load_by_name_or_path() -> None:
     assert load_embedder("hashing").dimension == 1024
-    assert load_embedder("hashing:64").name == "hashing-64"
-    assert load_embedder("domains.knowledge.embedding:HashingEmbedder").name == "hashing-1024"
+    # The version in the name: bases built with the words-only "hashing-N" are refused, not mixed.
+    assert load_embedder("hashing:64").name == "hashing-v2-64"
+    assert load_embedder("domains.knowledge.embedding:HashingEmbedder").name == "hashing-v2-1024"
     with pytest.raises(ValueError, match="not an Embedder"):
         load_embedder("domains.knowledge.chunking:MAX_CHARS")
+
+
+def test_text_without_spaces_is_cut_after_its_sentences_not_inside_them() -> None:
+    text = "灯塔看守人每天晚上点亮灯塔。" * 100  # 1,400 characters, one paragraph, no space
+    chunks = chunk_text(text, max_chars=300, overlap_chars=60)
+    assert len(chunks) > 4 and all(len(c) <= 300 for c in chunks)
+    assert all(c.endswith("。") for c in chunks)
+    # The overlap starts at a sentence too (no space needed to find where).
+    assert all(c.startswith("灯塔看守人") for c in chunks)
+    assert "".join(chunks).count("灯塔看守人每天晚上点亮灯塔。") > 100  # every sentence, some twice
+
+
+def test_cjk_sentence_ends_keep_their_closing_quotes_and_clause_marks_are_the_next_boundary() -> None:
+    quoted = "他说：“今天天气很好。”然后我们出发了。" * 30
+    pieces = _split_long(quoted, 100)
+    assert all(p.endswith(("。”", "了。")) for p in pieces[:-1]) and not any(
+        p.startswith("”") for p in pieces
+    )
+    # One long sentence with commas: cut after a comma, not inside a word.
+    clauses = "，".join(["一路向北经过很多城市"] * 40) + "。"
+    assert all(p.endswith("，") for p in _split_long(clauses, 100)[:-1])
+    # Nothing but a sentence end early in the window: a short piece, not a hard cut mid-sentence.
+    early = "短句。" + "没有任何标点的一句很长的话" * 20
+    assert _split_long(early, 100)[0] == "短句。"
+    # With no boundary at all there is nothing else to do but cut at the size.
+    assert [len(p) for p in _split_long("字" * 250, 100)] == [100, 100, 50]
+
+
+def test_line_breaks_inside_chinese_join_without_a_space_and_latin_lines_keep_theirs() -> None:
+    assert paragraphs("这是一段被\n硬换行的文字，\r\n下一行。\nEnglish line\nnext 中文\n\n第二段") == [
+        "这是一段被硬换行的文字，下一行。 English line next 中文",
+        "第二段",
+    ]
+
+
+def test_mixed_chinese_and_latin_text_chunks_within_the_size() -> None:
+    text = "\n\n".join(f"第{i}段：使用 AWS CLI 上传文件到 Amazon S3，然后检查结果。" * 12 for i in range(12))
+    for size, overlap in ((1000, 200), (300, 60), (120, 50)):
+        chunks = chunk_text(text, size, overlap)
+        assert all(0 < len(c) <= size for c in chunks)
+        assert all(f"第{i}段" in "".join(chunks) for i in range(12))
 
 
 # ------------------------------------------------------------------------------------- linear chunking
 
 
 def _reference_split_long(paragraph: str, limit: int) -> list[str]:
-    """The splitter as it was before it was made linear: the chunks it gave are the contract."""
+    """The splitter's rules written the plain (quadratic) way: the chunks it gives are the contract."""
+    closers = "”’」』）》】〕〉…\"')"
     pieces: list[str] = []
     rest = paragraph
     while len(rest) > limit:
         window = rest[:limit]
-        cut = max(window.rfind(". "), window.rfind("! "), window.rfind("? "))
-        if cut < limit // 2:
-            cut = window.rfind(" ")
-        cut = cut + 1 if cut >= limit // 4 else limit
+        latin = max(window.rfind(e) for e in LATIN_SENTENCE_ENDS)
+        cjk = max(window.rfind(e) for e in CJK_SENTENCE_ENDS)
+        while 0 <= cjk < limit - 1 and window[cjk + 1] in closers:
+            cjk += 1
+        sentence = max(latin, cjk)
+        word = max(window.rfind(" "), *(window.rfind(m) for m in CJK_CLAUSE_MARKS))
+        if sentence >= limit // 2:
+            cut = sentence + 1
+        elif word >= limit // 4:
+            cut = word + 1
+        elif sentence >= 0:
+            cut = sentence + 1
+        else:
+            cut = limit
         pieces.append(rest[:cut].strip())
         rest = rest[cut:].strip()
     if rest:
@@ -119,12 +218,14 @@ def _texts() -> list[str]:
     """Ordinary and awkward texts: prose, one long paragraph, no spaces, CJK, odd whitespace."""
     rng = random.Random(7)
     words = ["lighthouse", "a", "keeper's", "log.", "Fresnel!", "lens?", "x" * 300, "第二", "—", "end."]
+    words += ["灯塔看守人的日志。", "他说：“好。”", "一路向北，", "省略……", "无标点" * 80, "、"]
     out = []
     for n in (0, 1, 5, 50, 400, 3000):
         out.append(" ".join(rng.choice(words) for _ in range(n)))
         paras = (" ".join(rng.choice(words) for _ in range(rng.randint(1, 200))) for _ in range(n // 10 + 1))
         out.append("\n\n".join(paras))
     out += ["y" * 5000, "灯塔看守人的日志。" * 700, " \t\n".join(["word"] * 900), "a. " * 2000]
+    out += ["他说：“今天天气很好。”然后我们出发了，一路向北" * 60, "字" * 3000 + "。" + "字" * 10]
     out.append("Z" + " " * 9 + "z" * 999)
     return out
 
