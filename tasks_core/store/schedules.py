@@ -118,15 +118,22 @@ class Fire:
 
 
 class ScheduleStore:
-    """Tests may pin "now" (``now``), as on the TaskStore; ``of(services)`` shares the TaskStore's."""
+    """Tests may pin "now" (``now``), as on the TaskStore; ``of(services)`` follows the TaskStore's
+    (read at each statement, so a test that moves the repository's clock moves this one too)."""
 
-    def __init__(self, engine: AsyncEngine, *, now: datetime | None = None) -> None:
+    def __init__(self, engine: AsyncEngine, *, now: datetime | None = None, clock: Any = None) -> None:
         self.engine = engine
-        self.now = now
+        self._now = now
+        self._clock = clock  # an object whose ``now`` is the pinned instant (the TaskStore)
 
     @classmethod
     def of(cls, services: Services) -> ScheduleStore:
-        return cls(services.engine, now=services.repo.now)
+        return cls(services.engine, clock=services.repo)
+
+    @property
+    def now(self) -> datetime | None:
+        pinned: datetime | None = self._clock.now if self._clock is not None else self._now
+        return pinned
 
     def _p(self, **params: Any) -> dict[str, Any]:
         return {"now": self.now, **params}
