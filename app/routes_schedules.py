@@ -21,7 +21,9 @@ AUTH = {401: {"model": Message, "description": "Missing or invalid API key"}}
 NOT_FOUND = {404: {"model": Message, "description": "No such schedule (or not yours)"}}
 OwnerQuery = Annotated[
     str | None,
-    Query(max_length=200, pattern=NO_NUL, description="Admin keys: whose schedule, when two owners share a name"),
+    Query(
+        max_length=200, pattern=NO_NUL, description="Admin keys: whose schedule, when two owners share a name"
+    ),
 ]
 
 
@@ -32,17 +34,22 @@ class ScheduleIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: Annotated[str, Field(description=f"Yours to choose: {NAME_RULE}", examples=["nightly-report"])]
-    task_type: Annotated[str, Field(min_length=1, max_length=200, pattern=NO_NUL, examples=["diagnostics.noop"])]
+    task_type: Annotated[
+        str, Field(min_length=1, max_length=200, pattern=NO_NUL, examples=["diagnostics.noop"])
+    ]
     payload: Annotated[dict[str, Any], Field(default_factory=dict)]
     cron: Annotated[
         str | None,
         Field(description="Five fields: minute hour day-of-month month day-of-week", examples=["30 2 * * *"]),
     ] = None
-    every_seconds: Annotated[float | None, Field(description="A fixed interval (at least 1 s)", examples=[60])] = (
-        None
-    )
+    every_seconds: Annotated[
+        float | None, Field(description="A fixed interval (at least 1 s)", examples=[60])
+    ] = None
     timezone: Annotated[
-        str | None, Field(description="IANA zone the cron expression is read in (default UTC)", examples=["Europe/Paris"])
+        str | None,
+        Field(
+            description="IANA zone the cron expression is read in (default UTC)", examples=["Europe/Paris"]
+        ),
     ] = None
     priority: Annotated[int, Field(strict=True, description="Its tasks' priority (-100..100)")] = 0
 
@@ -67,7 +74,9 @@ class ScheduleOut(BaseModel):
     next_run_at: datetime | None = Field(description="The next slot; None while paused")
     created_at: datetime
     last_fired_at: datetime | None
-    last_error: str | None = Field(description="Why the last due slot made no task (type gone, payload no longer valid)")
+    last_error: str | None = Field(
+        description="Why the last due slot made no task (type gone, payload no longer valid)"
+    )
 
 
 class ScheduleDetail(ScheduleOut):
@@ -117,7 +126,7 @@ async def create_schedule(body: ScheduleIn, caller: Caller, svc: Svc) -> Any:
 @router.get("", response_model=ScheduleList, responses={**AUTH})
 async def list_schedules(caller: Caller, svc: Svc) -> Any:
     """Your schedules (every owner's with an admin key), by owner and name."""
-    rows = await ScheduleStore.of(svc).list(caller.owner_filter())
+    rows = await ScheduleStore.of(svc).listed(caller.owner_filter())
     return {"items": [schedule_view(r) for r in rows]}
 
 

@@ -11,7 +11,8 @@ from typing import Any
 from fastapi import HTTPException
 
 from app.auth import Principal
-from tasks_core.schedules import NAME, rule_of
+from tasks_core.schedule_rules import Rule
+from tasks_core.schedules import NAME
 from tasks_core.services import Services
 from tasks_core.store.schedules import ScheduleStore
 
@@ -61,7 +62,7 @@ def schedule_view(row: dict[str, Any]) -> dict[str, Any]:
 async def schedule_detail(svc: Services, row: dict[str, Any]) -> dict[str, Any]:
     """The schedule with its next slots and the last tasks it created (newest first)."""
     view = schedule_view(row)
-    upcoming = [] if view["paused"] else rule_of(row).upcoming(row["next_run_at"], UPCOMING)
+    upcoming = [] if view["paused"] else Rule.of_row(row).upcoming(row["next_run_at"], UPCOMING)
     runs = await ScheduleStore.of(svc).runs(row["id"], LAST_TASKS)
     last = [{"task_id": r["task_id"], "slot_at": r["slot_at"], "status": r["status"]} for r in runs]
     return {**view, "upcoming": upcoming, "last_tasks": last}

@@ -8,7 +8,19 @@ or restart: the task is inserted only from the slot row that the same statement 
 
 from __future__ import annotations
 
-from sqlalchemy import CheckConstraint, Column, DateTime, Float, ForeignKey, Index, Integer, Table, Text, func, text
+from sqlalchemy import (
+    CheckConstraint,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    Table,
+    Text,
+    func,
+    text,
+)
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
 from tasks_core.model import MAX_PRIORITY, MIN_PRIORITY, metadata
@@ -40,7 +52,8 @@ schedules = Table(
     Column("last_error", Text, nullable=True),
     CheckConstraint("(cron IS NULL) <> (every_seconds IS NULL)", name="one_rule"),
     CheckConstraint(
-        f"every_seconds IS NULL OR (every_seconds >= {MIN_EVERY_SECONDS} AND every_seconds < 'Infinity'::float8)",
+        "every_seconds IS NULL OR "
+        f"(every_seconds >= {MIN_EVERY_SECONDS} AND every_seconds < 'Infinity'::float8)",
         name="every_seconds_range",
     ),
     CheckConstraint(f"priority BETWEEN {MIN_PRIORITY} AND {MAX_PRIORITY}", name="priority_range"),

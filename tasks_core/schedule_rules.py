@@ -16,8 +16,10 @@ next one is back on the grid).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
@@ -51,20 +53,30 @@ class Rule:
             raise BadRule("cron", "give exactly one of cron and every_seconds")
         if every_seconds is not None:
             if timezone is not None:
-                raise BadRule("timezone", "applies to cron schedules only (an interval is the same in every zone)")
+                raise BadRule(
+                    "timezone", "applies to cron schedules only (an interval is the same in every zone)"
+                )
             number = isinstance(every_seconds, int | float) and not isinstance(every_seconds, bool)
-            if not number or not math.isfinite(every_seconds) or every_seconds < MIN_EVERY_SECONDS:  # type: ignore[arg-type]
-                raise BadRule("every_seconds", f"must be a finite number of seconds, at least {MIN_EVERY_SECONDS:g}")
-            if every_seconds > MAX_EVERY_SECONDS:  # type: ignore[operator]
+            try:
+                every = float(every_seconds) if number else math.nan  # type: ignore[arg-type]
+            except OverflowError:  # an int beyond any float
+                every = math.inf
+            if not math.isfinite(every) or every < MIN_EVERY_SECONDS:
+                raise BadRule(
+                    "every_seconds", f"must be a finite number of seconds, at least {MIN_EVERY_SECONDS:g}"
+                )
+            if every > MAX_EVERY_SECONDS:
                 raise BadRule("every_seconds", f"must be at most {MAX_EVERY_SECONDS:g} s (10 years)")
-            return cls(every_seconds=float(every_seconds))  # type: ignore[arg-type]
+            return cls(every_seconds=every)
         zone = "UTC" if timezone is None else timezone
         if not isinstance(zone, str) or not zone:
             raise BadRule("timezone", "must be an IANA time zone name, e.g. Europe/Paris")
         try:
             ZoneInfo(zone)
         except (ZoneInfoNotFoundError, ValueError):
-            raise BadRule("timezone", f"unknown time zone {zone[:100]!r} (an IANA name, e.g. Europe/Paris)") from None
+            raise BadRule(
+                "timezone", f"unknown time zone {zone[:100]!r} (an IANA name, e.g. Europe/Paris)"
+            ) from None
         if not isinstance(cron, str) or len(cron.split()) != 5 or len(cron) > 200:
             raise BadRule("cron", "must be five fields: minute hour day-of-month month day-of-week")
         rule = cls(cron=" ".join(cron.split()), timezone=zone)
@@ -73,6 +85,11 @@ class Rule:
         except (CronSimError, StopIteration) as exc:
             raise BadRule("cron", f"not a valid cron expression: {exc or 'it never fires'}") from None
         return rule
+
+    @classmethod
+    def of_row(cls, row: Mapping[str, Any]) -> Rule:
+        """The rule of a stored schedule row."""
+        return cls(cron=row["cron"], every_seconds=row["every_seconds"], timezone=row["timezone"])
 
     @property
     def zone(self) -> ZoneInfo:

@@ -14,6 +14,7 @@ from typing import Any
 from tasks_core.registry import Registry
 from tasks_core.schedule_rules import BadRule, Rule
 from tasks_core.settings import Settings
+from tasks_core.store.schedules import NewSchedule
 from tasks_core.submission import InvalidTask, TaskIntent, validate
 
 # A name travels in URLs and shell commands: letters, digits, dot, dash and underscore.
@@ -30,16 +31,6 @@ class ScheduleIntent:
     every_seconds: Any = None
     timezone: Any = None
     priority: Any = 0
-
-
-@dataclass(frozen=True)
-class NewSchedule:
-    name: str
-    owner: str
-    task_type: str
-    payload: dict[str, Any]
-    rule: Rule
-    priority: int
 
 
 def check_name(name: Any) -> str:
@@ -66,8 +57,3 @@ def validate_schedule(
     except BadRule as exc:
         raise InvalidTask(exc.field, exc.message) from None
     return NewSchedule(name, owner, task.task_type, task.payload, rule, task.priority)
-
-
-def rule_of(row: Any) -> Rule:
-    """The rule of a stored schedule row."""
-    return Rule(cron=row["cron"], every_seconds=row["every_seconds"], timezone=row["timezone"])

@@ -39,8 +39,10 @@ async def _schedule(request: Request, viewer: Viewer, owner: str, name: str) -> 
 
 @router.get("/schedules")
 async def schedule_list(request: Request, viewer: Signed) -> Response:
-    rows = await ScheduleStore.of(services(request)).list(viewer.principal.owner_filter())
-    return render(request, "schedules.html", {"viewer": viewer, "schedules": [schedule_view(r) for r in rows]})
+    rows = await ScheduleStore.of(services(request)).listed(viewer.principal.owner_filter())
+    return render(
+        request, "schedules.html", {"viewer": viewer, "schedules": [schedule_view(r) for r in rows]}
+    )
 
 
 @router.get("/schedules/{owner}/{name}")

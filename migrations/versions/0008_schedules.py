@@ -55,7 +55,10 @@ def upgrade() -> None:
             "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.clock_timestamp()
         ),
         sa.ForeignKeyConstraint(
-            ["schedule_id"], ["schedules.id"], name="fk_schedule_runs_schedule_id_schedules", ondelete="CASCADE"
+            ["schedule_id"],
+            ["schedules.id"],
+            name="fk_schedule_runs_schedule_id_schedules",
+            ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("schedule_id", "slot_at", name="pk_schedule_runs"),
     )

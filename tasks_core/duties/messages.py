@@ -1,6 +1,6 @@
 """The bodies of the duties' Celery tasks (``dtask.publish``, ``dtask.reconcile``, ``dtask.prune``,
-``dtask.schedule``, ``dtask.duty``): what a duty message may ask, checked, then the duty run. Anyone who can write to
-the broker can send these messages, so an argument is never trusted."""
+``dtask.schedule``, ``dtask.duty``): what a duty message may ask, checked, then the duty run.
+Anyone who can write to the broker can send these messages, so an argument is never trusted."""
 
 from __future__ import annotations
 

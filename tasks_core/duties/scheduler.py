@@ -15,13 +15,14 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from tasks_core.duties.relay import relay
 from tasks_core.registry import Registry
-from tasks_core.schedules import rule_of
+from tasks_core.schedule_rules import Rule
 from tasks_core.services import Services
 from tasks_core.settings import Settings
 from tasks_core.store.schedules import Fire, ScheduleStore
-from tasks_core.submission import InvalidTask, TaskIntent, validate
 
 log = logging.getLogger(__name__)
 
@@ -34,18 +35,23 @@ class ScheduleReport:
 
 
 def plan_fire(row: dict[str, Any], registry: Registry, settings: Settings) -> Fire:
-    """What to do with one due schedule row (it carries the pass's ``now``)."""
-    slot, nxt = rule_of(row).plan(row["next_run_at"], row["now"])
-    try:
-        # Checked again at each slot: the type may be gone, or its schema changed, since creation.
-        # The diagnostics policy was the creating key's, at creation.
-        new = validate(
-            TaskIntent(row["task_type"], row["payload"], priority=row["priority"]),
-            registry, settings, row["owner"], admin=True, public=True,
-        )
-    except InvalidTask as exc:
-        return Fire(row["id"], slot, nxt, error=str(exc)[:500])
-    return Fire(row["id"], slot, nxt, uuid.uuid4(), new.handler_version, new.timeout_seconds)
+    """What to do with one due schedule row (it carries the pass's ``now``). The payload passed
+    every check of a submission at creation; what can have changed since is the deployment: the
+    type may be gone, its payload schema may have changed. Either makes no task, and says why."""
+    slot, nxt = Rule.of_row(row).plan(row["next_run_at"], row["now"])
+    spec = registry.get(row["task_type"])
+    if spec is None:
+        return Fire(row["id"], slot, nxt, error=f"unknown task type {row['task_type']!r}")
+    if spec.payload is not None:
+        try:
+            spec.payload.model_validate(row["payload"])
+        except ValidationError as exc:
+            summary = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or '(object)'}: {e['msg']}" for e in exc.errors()
+            )
+            return Fire(row["id"], slot, nxt, error=f"payload no longer valid: {summary}"[:500])
+    timeout = min(spec.timeout_seconds or settings.default_timeout_seconds, settings.max_timeout_seconds)
+    return Fire(row["id"], slot, nxt, uuid.uuid4(), spec.version, float(timeout))
 
 
 async def fire_due(services: Services) -> ScheduleReport:

@@ -15,7 +15,9 @@ import typer
 from tasks_core.ops.cli_errors import Exit
 
 schedule_app = typer.Typer(
-    no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
     help="Durable schedules: a task created at each cron or interval slot, once per slot.",
 )
 CLI_OWNER = "cli"
@@ -34,10 +36,16 @@ def _iso(value: Any) -> str:
 def _view(row: dict[str, Any]) -> dict[str, Any]:
     rule = f"cron {row['cron']} ({row['timezone']})" if row["cron"] else f"every {row['every_seconds']:g} s"
     return {
-        "name": row["name"], "owner": row["owner"], "task_type": row["task_type"], "rule": rule,
-        "payload": row["payload"], "priority": row["priority"], "paused": row["paused_at"] is not None,
+        "name": row["name"],
+        "owner": row["owner"],
+        "task_type": row["task_type"],
+        "rule": rule,
+        "payload": row["payload"],
+        "priority": row["priority"],
+        "paused": row["paused_at"] is not None,
         "next_run_at": None if row["paused_at"] else _iso(row["next_run_at"]),
-        "last_fired_at": _iso(row["last_fired_at"]) or None, "last_error": row["last_error"],
+        "last_fired_at": _iso(row["last_fired_at"]) or None,
+        "last_error": row["last_error"],
     }
 
 
@@ -61,7 +69,9 @@ def add(
     payload: Annotated[str, typer.Option(help="JSON object")] = "{}",
     cron: Annotated[str | None, typer.Option(help="five fields, e.g. '30 2 * * *'")] = None,
     every: Annotated[float | None, typer.Option("--every", help="a fixed interval, in seconds")] = None,
-    timezone: Annotated[str | None, typer.Option(help="IANA zone of the cron expression (default UTC)")] = None,
+    timezone: Annotated[
+        str | None, typer.Option(help="IANA zone of the cron expression (default UTC)")
+    ] = None,
     priority: Annotated[int, typer.Option(help="its tasks' priority (-100..100)")] = 0,
 ) -> None:
     """Add a schedule (owner `cli`); prints its next slot."""
@@ -98,7 +108,7 @@ def list_schedules(as_json: Annotated[bool, typer.Option("--json")] = False) -> 
 
     async def go() -> list[dict[str, Any]]:
         async with client_services() as services:
-            return await ScheduleStore.of(services).list(None)
+            return await ScheduleStore.of(services).listed(None)
 
     views = [_view(r) for r in run_command(go)]
     if as_json:
@@ -116,18 +126,21 @@ def list_schedules(as_json: Annotated[bool, typer.Option("--json")] = False) -> 
 def show(name: str, owner: OwnerOption = None) -> None:
     """One schedule, its next slots and its last tasks (JSON)."""
     from tasks_core.ops.cli import client_services, run_command
-    from tasks_core.schedules import rule_of
+    from tasks_core.schedule_rules import Rule
     from tasks_core.store.schedules import ScheduleStore
 
     async def go() -> dict[str, Any]:
         async with client_services() as services:
             row = await _one(services, name, owner)
             runs = await ScheduleStore.of(services).runs(row["id"])
-            upcoming = [] if row["paused_at"] else rule_of(row).upcoming(row["next_run_at"], 5)
+            upcoming = [] if row["paused_at"] else Rule.of_row(row).upcoming(row["next_run_at"], 5)
             return {
-                **_view(row), "upcoming": [_iso(u) for u in upcoming],
-                "last_tasks": [{"task_id": str(r["task_id"]), "slot_at": _iso(r["slot_at"]),
-                                "status": r["status"]} for r in runs],
+                **_view(row),
+                "upcoming": [_iso(u) for u in upcoming],
+                "last_tasks": [
+                    {"task_id": str(r["task_id"]), "slot_at": _iso(r["slot_at"]), "status": r["status"]}
+                    for r in runs
+                ],
             }
 
     typer.echo(json.dumps(run_command(go), indent=2))

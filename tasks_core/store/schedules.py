@@ -16,16 +16,14 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from tasks_core.schedules import NewSchedule, rule_of
-from tasks_core.store.execute import Row, Rows, Statement, run
+from tasks_core.schedule_rules import Rule
+from tasks_core.store.base import StoreBase
+from tasks_core.store.execute import Statement, run
 from tasks_core.store.statements import NOW
-
-if TYPE_CHECKING:
-    from tasks_core.services import Services
 
 # Slot rows kept per schedule (the newest): older slots can never be due again, since
 # next_run_at only moves forward; the rows beyond these only say which task an old slot made.
@@ -104,6 +102,29 @@ RUNS_SQL = Statement(
 
 
 @dataclass(frozen=True)
+class NewSchedule:
+    """A schedule as stored (tasks_core.schedules.validate_schedule makes them)."""
+
+    name: str
+    owner: str
+    task_type: str
+    payload: dict[str, Any]
+    rule: Rule
+    priority: int
+
+
+class HasTaskStore(Protocol):
+    """What ``ScheduleStore.of`` needs of the services: the engine, and the TaskStore whose clock
+    it follows."""
+
+    @property
+    def engine(self) -> AsyncEngine: ...
+
+    @property
+    def repo(self) -> StoreBase: ...
+
+
+@dataclass(frozen=True)
 class Fire:
     """What one pass does with one due schedule: fire ``slot`` (a task ``task_id`` of ``version``
     and ``timeout``, or none, for ``error``) and move on to ``next_run_at``."""
@@ -127,7 +148,7 @@ class ScheduleStore:
         self._clock = clock  # an object whose ``now`` is the pinned instant (the TaskStore)
 
     @classmethod
-    def of(cls, services: Services) -> ScheduleStore:
+    def of(cls, services: HasTaskStore) -> ScheduleStore:
         return cls(services.engine, clock=services.repo)
 
     @property
@@ -142,24 +163,31 @@ class ScheduleStore:
         now: datetime = (await run(conn, CLOCK_SQL, self._p())).scalar_one()
         return now
 
-    async def create(self, new: NewSchedule) -> Row | None:
+    async def create(self, new: NewSchedule) -> dict[str, Any] | None:
         """The stored schedule, or None when its owner already has one of that name."""
         async with self.engine.begin() as conn:
             now = await self.clock(conn)
             rule = new.rule
             params = self._p(
-                id=uuid.uuid4(), owner=new.owner, name=new.name, tt=new.task_type,
-                payload=json.dumps(new.payload), cron=rule.cron, every=rule.every_seconds, tz=rule.timezone,
-                prio=new.priority, next=rule.first(now),
+                id=uuid.uuid4(),
+                owner=new.owner,
+                name=new.name,
+                tt=new.task_type,
+                payload=json.dumps(new.payload),
+                cron=rule.cron,
+                every=rule.every_seconds,
+                tz=rule.timezone,
+                prio=new.priority,
+                next=rule.first(now),
             )
             row = (await run(conn, CREATE_SQL, params)).mappings().first()
         return None if row is None else dict(row)
 
-    async def find(self, name: str, owner: str | None) -> Rows:
+    async def find(self, name: str, owner: str | None) -> list[dict[str, Any]]:
         async with self.engine.connect() as conn:
             return [dict(r) for r in (await run(conn, FIND_SQL, {"name": name, "owner": owner})).mappings()]
 
-    async def list(self, owner: str | None, limit: int = 1000) -> Rows:
+    async def listed(self, owner: str | None, limit: int = 1000) -> list[dict[str, Any]]:
         async with self.engine.connect() as conn:
             return [dict(r) for r in (await run(conn, LIST_SQL, {"owner": owner, "limit": limit})).mappings()]
 
@@ -168,23 +196,24 @@ class ScheduleStore:
         async with self.engine.begin() as conn:
             await run(conn, DELETE_SQL, {"id": schedule_id})
 
-    async def pause(self, schedule_id: uuid.UUID) -> Row | None:
+    async def pause(self, schedule_id: uuid.UUID) -> dict[str, Any] | None:
         async with self.engine.begin() as conn:
             row = (await run(conn, PAUSE_SQL, self._p(id=schedule_id))).mappings().first()
         return None if row is None else dict(row)
 
-    async def resume(self, schedule_id: uuid.UUID) -> Row | None:
+    async def resume(self, schedule_id: uuid.UUID) -> dict[str, Any] | None:
         """Active again from now on: the next slot is the first after now (nothing missed while
         paused fires). Resuming an active schedule changes nothing."""
         async with self.engine.begin() as conn:
-            locked = (await run(conn, LOCK_SQL, self._p(id=schedule_id))).mappings().first()
+            found = (await run(conn, LOCK_SQL, self._p(id=schedule_id))).mappings().first()
+            locked = None if found is None else dict(found)
             if locked is None or locked["paused_at"] is None:
                 return None if locked is None else {k: v for k, v in locked.items() if k != "now"}
-            nxt = rule_of(locked).resumed(locked["next_run_at"], locked["now"])
+            nxt = Rule.of_row(locked).resumed(locked["next_run_at"], locked["now"])
             row = (await run(conn, RESUME_SQL, {"id": schedule_id, "next": nxt})).mappings().first()
         return None if row is None else dict(row)
 
-    async def due(self, conn: AsyncConnection, limit: int) -> Rows:
+    async def due(self, conn: AsyncConnection, limit: int) -> list[dict[str, Any]]:
         """The due, active schedules (each row with the pass's ``now``), locked in ``conn``'s
         transaction; those another pass holds are skipped."""
         return [dict(r) for r in (await run(conn, DUE_SQL, self._p(limit=limit))).mappings()]
@@ -208,7 +237,7 @@ class ScheduleStore:
             await run(conn, TRIM_RUNS_SQL, {"ids": fired, "keep": KEEP_RUNS})
         return created
 
-    async def runs(self, schedule_id: uuid.UUID, limit: int = 10) -> Rows:
+    async def runs(self, schedule_id: uuid.UUID, limit: int = 10) -> list[dict[str, Any]]:
         async with self.engine.connect() as conn:
             rows = await run(conn, RUNS_SQL, {"id": schedule_id, "limit": limit})
             return [dict(r) for r in rows.mappings()]

@@ -33,7 +33,9 @@ async def svc(clean_db: None) -> AsyncIterator[Any]:
 
 @pytest.fixture
 async def client(svc: Any) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(services=svc)), base_url="http://t") as c:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(services=svc)), base_url="http://t"
+    ) as c:
         yield c
 
 
@@ -53,7 +55,10 @@ async def test_create_read_list_pause_resume_delete(client: httpx.AsyncClient, s
     made = r.json()
     assert made["owner"] == "root" and made["cron"] == "30 2 * * *" and made["timezone"] == "Europe/Paris"
     assert made["next_run_at"] == "2030-06-02T00:30:00Z"  # 02:30 CEST
-    assert made["upcoming"][:2] == ["2030-06-02T00:30:00Z", "2030-06-03T00:30:00Z"] and len(made["upcoming"]) == 5
+    assert (
+        made["upcoming"][:2] == ["2030-06-02T00:30:00Z", "2030-06-03T00:30:00Z"]
+        and len(made["upcoming"]) == 5
+    )
     assert made["last_tasks"] == [] and made["paused"] is False and made["priority"] == 5
 
     svc.repo.now = T0 + timedelta(days=1)
@@ -108,8 +113,10 @@ async def test_bad_schedules_are_refused_with_422_naming_the_field(
 
 async def test_non_finite_intervals_are_refused(client: httpx.AsyncClient) -> None:
     for raw in ("Infinity", "NaN"):
-        content = '{"name": "n", "task_type": "diagnostics.noop", "every_seconds": %s}' % raw
-        r = await client.post("/schedules", content=content, headers={**ROOT, "content-type": "application/json"})
+        content = f'{{"name": "n", "task_type": "diagnostics.noop", "every_seconds": {raw}}}'
+        r = await client.post(
+            "/schedules", content=content, headers={**ROOT, "content-type": "application/json"}
+        )
         assert r.status_code == 422 and "finite" in r.text, r.text
 
 
@@ -136,7 +143,11 @@ async def test_a_key_sees_and_acts_on_its_own_schedules_and_an_admin_on_all(
     alice = (await client.get("/schedules", headers=ALICE)).json()["items"]
     assert [(s["owner"], s["name"]) for s in alice] == [("alice", "report")]
     everyone = (await client.get("/schedules", headers=ROOT)).json()["items"]
-    assert [(s["owner"], s["name"]) for s in everyone] == [("alice", "report"), ("bob", "bobs"), ("bob", "report")]
+    assert [(s["owner"], s["name"]) for s in everyone] == [
+        ("alice", "report"),
+        ("bob", "bobs"),
+        ("bob", "report"),
+    ]
 
     for method, path in (("GET", ""), ("POST", "/pause"), ("POST", "/resume"), ("DELETE", "")):
         r = await client.request(method, f"/schedules/bobs{path}", headers=ALICE)

@@ -143,7 +143,10 @@ async def test_a_pass_that_died_before_its_commit_leaves_the_slot_to_the_next_on
     conn = await services.engine.connect()
     await conn.begin()
     [due] = await store.due(conn, 10)
-    await store.fire(conn, [Fire(due["id"], T0 + timedelta(seconds=60), T0 + timedelta(seconds=120), uuid.uuid4(), 1, 60.0)])
+    await store.fire(
+        conn,
+        [Fire(due["id"], T0 + timedelta(seconds=60), T0 + timedelta(seconds=120), uuid.uuid4(), 1, 60.0)],
+    )
     await conn.invalidate()  # the connection dies with its transaction
     await conn.close()
     assert await task_count(services) == 0
@@ -163,7 +166,7 @@ async def test_downtime_of_many_slots_makes_one_catch_up_task_for_the_latest(ser
     assert caught_up["slot_at"] == T0 + timedelta(hours=5)
     [hour] = await tasks_of(services, hourly)
     assert hour["slot_at"] == T0 + timedelta(hours=5)
-    rows = {r["name"]: r for r in await ScheduleStore.of(services).list(None)}
+    rows = {r["name"]: r for r in await ScheduleStore.of(services).listed(None)}
     assert rows["every"]["next_run_at"] == T0 + timedelta(hours=5, seconds=60)
     assert rows["hourly"]["next_run_at"] == T0 + timedelta(hours=6)
     assert (await fire_due(services)).created == 0

@@ -433,10 +433,11 @@ async def _schedule(svc: Any, owner: str, name: str, **rule: Any) -> Any:
     from tasks_core.store.schedules import ScheduleStore
 
     intent = ScheduleIntent(name, "diagnostics.noop", {"secret_of": owner}, **(rule or {"every_seconds": 60}))
-    return await ScheduleStore.of(svc).create(validate_schedule(intent, svc.registry, svc.settings, owner, admin=True))
+    new = validate_schedule(intent, svc.registry, svc.settings, owner, admin=True)
+    return await ScheduleStore.of(svc).create(new)
 
 
-async def test_schedules_are_owner_isolated_on_the_list_the_page_and_the_forms(svc: Any, browser: Any) -> None:
+async def test_schedules_are_owner_isolated_on_list_page_and_forms(svc: Any, browser: Any) -> None:
     from tasks_core.duties.scheduler import fire_due
     from tasks_core.store.schedules import ScheduleStore
 
@@ -460,7 +461,8 @@ async def test_schedules_are_owner_isolated_on_the_list_the_page_and_the_forms(s
         assert (await alice.get(path)).status_code == 404, path
     csrf = await csrf_of(alice)
     for action in ("pause", "resume"):
-        assert (await alice.post(f"/ui/schedules/bob/hourly/{action}", data={"csrf": csrf})).status_code == 404
+        r = await alice.post(f"/ui/schedules/bob/hourly/{action}", data={"csrf": csrf})
+        assert r.status_code == 404
     assert (await ScheduleStore.of(svc).find("hourly", "bob"))[0]["paused_at"] is None
 
     # bob's page shows the task its slot made, linked to the task's page
@@ -494,7 +496,8 @@ async def test_pause_and_resume_need_the_session_token(svc: Any, browser: Any) -
     r = await alice.post("/ui/schedules/alice/nightly/pause", data={"csrf": right})
     assert r.status_code == 303 and r.headers["location"] == "/ui/schedules/alice/nightly?notice=paused"
     page = await alice.get(r.headers["location"])
-    assert "Paused: no slot fires" in page.text and ">Resume</button>" in page.text and "None while paused" in page.text
+    assert "Paused: no slot fires" in page.text and ">Resume</button>" in page.text
+    assert "None while paused" in page.text
     assert (await ScheduleStore.of(svc).find("nightly", "alice"))[0]["paused_at"] is not None
     r = await alice.post("/ui/schedules/alice/nightly/resume", data={"csrf": right})
     assert r.headers["location"] == "/ui/schedules/alice/nightly?notice=resumed"

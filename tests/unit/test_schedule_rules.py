@@ -35,7 +35,10 @@ def test_a_cron_time_the_clocks_skip_fires_once_right_after_the_jump() -> None:
 def test_a_cron_time_that_happens_twice_fires_once_at_its_first_occurrence() -> None:
     rule = Rule.checked("30 1 * * *", None, NY)
     first = rule.next_after(utc(2026, 10, 31, 12))
-    assert rule.upcoming(first, 2) == [utc(2026, 11, 1, 5, 30), utc(2026, 11, 2, 6, 30)]  # 01:30 EDT, then EST
+    assert rule.upcoming(first, 2) == [
+        utc(2026, 11, 1, 5, 30),
+        utc(2026, 11, 2, 6, 30),
+    ]  # 01:30 EDT, then EST
 
 
 def test_a_wildcard_hour_keeps_its_pace_through_both_changes() -> None:
@@ -45,7 +48,11 @@ def test_a_wildcard_hour_keeps_its_pace_through_both_changes() -> None:
     assert fall == [utc(2026, 11, 1, 5) + timedelta(minutes=30 * k) for k in range(6)]
     # Spring forward: 01:30 EST is followed by 03:00 EDT, thirty minutes later.
     spring = rule.upcoming(rule.next_after(utc(2026, 3, 8, 6, 20)), 3)
-    assert local(spring) == ["2026-03-08T01:30:00-05:00", "2026-03-08T03:00:00-04:00", "2026-03-08T03:30:00-04:00"]
+    assert local(spring) == [
+        "2026-03-08T01:30:00-05:00",
+        "2026-03-08T03:00:00-04:00",
+        "2026-03-08T03:30:00-04:00",
+    ]
 
 
 def test_cron_reads_the_expression_in_its_zone_and_stores_utc() -> None:
@@ -66,7 +73,10 @@ def test_downtime_fires_one_catch_up_slot_the_latest_missed() -> None:
 
 def test_a_slot_due_exactly_now_fires_now() -> None:
     every = Rule.checked(None, 2.5, None)
-    assert every.plan(utc(2026, 12, 1), utc(2026, 12, 1)) == (utc(2026, 12, 1), utc(2026, 12, 1, 0, 0, 2, 500000))
+    assert every.plan(utc(2026, 12, 1), utc(2026, 12, 1)) == (
+        utc(2026, 12, 1),
+        utc(2026, 12, 1, 0, 0, 2, 500000),
+    )
     hourly = Rule.checked("0 * * * *", None, None)
     assert hourly.plan(utc(2026, 12, 1, 5), utc(2026, 12, 1, 5)) == (utc(2026, 12, 1, 5), utc(2026, 12, 1, 6))
 
@@ -102,7 +112,9 @@ def test_resume_starts_after_now_and_fires_nothing_missed() -> None:
         (None, 60, "UTC", "timezone", "cron schedules only"),
     ],
 )
-def test_bad_rules_are_refused_naming_the_field(cron: object, every: object, zone: object, field: str, words: str) -> None:
+def test_bad_rules_are_refused_naming_the_field(
+    cron: object, every: object, zone: object, field: str, words: str
+) -> None:
     with pytest.raises(BadRule) as refused:
         Rule.checked(cron, every, zone)
     assert refused.value.field == field and words in refused.value.message, refused.value
