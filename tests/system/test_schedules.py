@@ -57,6 +57,11 @@ async def test_an_every_two_seconds_schedule_makes_tasks_that_run(cluster: Clust
         assert task["started_at"] >= task["run_at"]
         steps = (task["run_at"] - schedule["next_run_at"]) / timedelta(seconds=EVERY)
         assert steps == int(steps), task["run_at"]  # on the grid
+    lags = [
+        ((t["created_at"] - t["run_at"]).total_seconds(), (t["started_at"] - t["run_at"]).total_seconds())
+        for t in done
+    ]
+    print("created / started after the slot (s): " + ", ".join(f"{c:.2f} / {s:.2f}" for c, s in lags))
     got = (await ScheduleStore.of(services).find("tick", "alice"))[0]
     assert got["last_error"] is None and got["next_run_at"] > done[-1]["run_at"]
 
