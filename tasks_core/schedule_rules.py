@@ -69,11 +69,11 @@ class Rule:
                 raise BadRule("every_seconds", f"must be at most {MAX_EVERY_SECONDS:g} s (10 years)")
             return cls(every_seconds=every)
         zone = "UTC" if timezone is None else timezone
-        if not isinstance(zone, str) or not zone:
+        if not isinstance(zone, str) or not zone or len(zone) > 100:
             raise BadRule("timezone", "must be an IANA time zone name, e.g. Europe/Paris")
         try:
             ZoneInfo(zone)
-        except (ZoneInfoNotFoundError, ValueError):
+        except (ZoneInfoNotFoundError, ValueError, OSError):
             raise BadRule(
                 "timezone", f"unknown time zone {zone[:100]!r} (an IANA name, e.g. Europe/Paris)"
             ) from None
@@ -127,7 +127,10 @@ class Rule:
             return slot, slot + step
         # The latest cron instant at or before now: iterate backwards from just after now's second.
         start = now.astimezone(self.zone).replace(microsecond=0) + ONE_SECOND
-        latest = next(CronSim(self.cron, start, reverse=True)).astimezone(UTC)
+        try:
+            latest = next(CronSim(self.cron, start, reverse=True)).astimezone(UTC)
+        except StopIteration:  # nothing in the 50 years cronsim looks back: the stored slot stands
+            latest = next_run_at
         return max(next_run_at, latest), self.next_after(now)
 
     def resumed(self, next_run_at: datetime, now: datetime) -> datetime:

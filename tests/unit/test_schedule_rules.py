@@ -102,6 +102,7 @@ def test_resume_starts_after_now_and_fires_nothing_missed() -> None:
         ("* * * * *", None, "Mars/Olympus_Mons", "timezone", "unknown time zone"),
         ("* * * * *", None, "../../etc/passwd", "timezone", "unknown time zone"),
         ("* * * * *", None, "", "timezone", "IANA time zone"),
+        ("* * * * *", None, "Europe/" + "x" * 300, "timezone", "IANA time zone"),
         (None, 0.5, None, "every_seconds", "at least 1"),
         (None, -3, None, "every_seconds", "at least 1"),
         (None, float("inf"), None, "every_seconds", "finite"),
