@@ -214,6 +214,26 @@ async def test_a_slot_whose_type_is_gone_makes_no_task_and_says_why(services: An
     assert await tasks_of(services, schedule) == []
 
 
+async def test_a_slot_whose_payload_no_longer_fits_its_schema_makes_no_task(services: Any) -> None:
+    services.repo.now = T0
+    schedule = await add(services, every_seconds=60)
+    async with services.engine.begin() as conn:  # as if the type's payload model had changed since
+        await conn.execute(
+            text("""UPDATE schedules SET task_type = 'diagnostics.sleep', payload = '{"seconds": "x"}'""")
+        )
+    services.repo.now = T0 + timedelta(seconds=60)
+    assert (await fire_due(services)).created == 0
+    row = (await ScheduleStore.of(services).find("tick", "alice"))[0]
+    assert row["last_error"].startswith("payload no longer valid: seconds:"), row["last_error"]
+    async with services.engine.begin() as conn:  # fixed: the next slot fires, and the error clears
+        await conn.execute(text("""UPDATE schedules SET payload = '{"seconds": 0}'"""))
+    services.repo.now = T0 + timedelta(seconds=120)
+    assert (await fire_due(services)).created == 1
+    assert (await ScheduleStore.of(services).find("tick", "alice"))[0]["last_error"] is None
+    [task] = await tasks_of(services, schedule)
+    assert task["task_type"] == "diagnostics.sleep" and task["timeout_seconds"] == 6 * 3600
+
+
 async def test_names_are_per_owner_and_deleting_keeps_the_tasks(services: Any) -> None:
     services.repo.now = T0
     mine = await add(services, "report", "alice")
