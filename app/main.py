@@ -16,7 +16,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from app import routes_health, routes_tasks, routes_types, ui
+from app import routes_health, routes_schedules, routes_tasks, routes_types, ui
 from app.auth import BodyRoute, Guard, KeyRing
 from app.cache import TtlCache
 from app.metrics import MetricsCache
@@ -126,6 +126,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         app.add_exception_handler(kind, _dependency_error)
     app.include_router(routes_tasks.router)
     app.include_router(routes_types.router)
+    app.include_router(routes_schedules.router)
     ui.install(app, settings)  # the dashboard at /ui (signs in by cookie, hence OWN_AUTH_PREFIXES)
     app.include_router(routes_health.router)
     body_routes = _install_domains(app, settings, load_domains())

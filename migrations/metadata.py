@@ -6,6 +6,7 @@ import importlib
 
 # Importing a model module registers its tables.
 import app.model  # noqa: F401
+import tasks_core.schedule_model  # noqa: F401
 from tasks_core.domain import load_domains
 from tasks_core.model import metadata as target_metadata
 

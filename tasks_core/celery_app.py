@@ -43,7 +43,9 @@ __all__ = ["CHILD_SHUTDOWN_SIGNAL", "OUR_TASKS", "SUPPORTED_POOLS", "app", "proc
 
 app = Celery("durable_tasks")
 app.config_from_object("celeryconfig")
-OUR_TASKS = frozenset({"dtask.run", "dtask.publish", "dtask.reconcile", "dtask.prune", "dtask.duty"})
+OUR_TASKS = frozenset(
+    {"dtask.run", "dtask.publish", "dtask.reconcile", "dtask.prune", "dtask.duty", "dtask.schedule"}
+)
 
 
 def _transport(settings: Settings) -> CeleryTransport:
@@ -129,6 +131,12 @@ def run(task_id: Any) -> str:
 def publish() -> dict[str, int]:
     state = worker.state()
     return state.run(messages.publish(state.services))
+
+
+@app.task(name="dtask.schedule", ignore_result=True)
+def schedule() -> dict[str, int]:
+    state = worker.state()
+    return state.run(messages.schedule(state.services))
 
 
 @app.task(name="dtask.reconcile", ignore_result=True)

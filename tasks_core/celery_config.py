@@ -134,6 +134,7 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
             "dtask.publish": {"queue": DUTIES_QUEUE},
             "dtask.reconcile": {"queue": DUTIES_QUEUE},
             "dtask.prune": {"queue": DUTIES_QUEUE},
+            "dtask.schedule": {"queue": DUTIES_QUEUE},
             "dtask.duty": {"queue": DUTIES_QUEUE},
         },
         # Early acknowledgement, no prefetch: a worker holds only the message it is running, so no
@@ -178,6 +179,12 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
             "task": "dtask.reconcile",
             "schedule": settings.reconcile_seconds,
             "options": {"queue": DUTIES_QUEUE, "expires": settings.reconcile_seconds},
+        },
+        # Durable schedules: their due slots become tasks (one per slot, however many beats run).
+        "fire-schedules": {
+            "task": "dtask.schedule",
+            "schedule": settings.scheduler_seconds,
+            "options": {"queue": DUTIES_QUEUE, "expires": settings.scheduler_seconds},
         },
         # Idempotency-Keys past their 24 h, and terminal tasks past DTASK_PRUNE_AFTER_SECONDS (if
         # set). No argument: the worker reads the retention from its own settings (a message cannot

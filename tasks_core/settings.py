@@ -101,6 +101,10 @@ class Settings(BaseSettings):
     reconcile_seconds: float = Field(default=10.0, gt=0)
     # Publish bounds how long a lost or dropped message can delay a pending task.
     publish_seconds: float = Field(default=15.0, gt=0)
+    # How often beat runs the scheduler (schedules' due slots become tasks); unset: the publish
+    # interval. A slot's task is created up to this long after its instant (its run_at is the
+    # instant itself), and slots closer together than this collapse into one task per pass.
+    schedule_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     # Upper bound for any task's timeout; may exceed 24 h: jobs that run for days exist.
     max_timeout_seconds: float = Field(default=172800.0, gt=0)
     # Default timeout of a type that does not declare one.
@@ -301,6 +305,10 @@ class Settings(BaseSettings):
     @property
     def extra_modules(self) -> list[str]:
         return [m.strip() for m in self.extra_task_modules.split(",") if m.strip()]
+
+    @property
+    def scheduler_seconds(self) -> float:
+        return self.schedule_seconds or self.publish_seconds
 
     @property
     def heartbeat_seconds(self) -> float:

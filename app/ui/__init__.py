@@ -17,6 +17,7 @@ from app.ui.data import DEFAULT_PAGE_SIZE, PAGE_SIZES, StatusPage, page_size, se
 from app.ui.extensions import NavEntry, UiExtension, load_extensions
 from app.ui.render import STATIC_DIR, Ui, redirect, render
 from app.ui.routes import router
+from app.ui.schedules import SCHEDULES_UI
 from app.ui.session import Checked, Signed, SignInRequired, UiError, Viewer
 from tasks_core.settings import Settings
 
@@ -41,7 +42,7 @@ __all__ = [
 
 def install(app: FastAPI, settings: Settings, extensions: Sequence[UiExtension] | None = None) -> None:
     """Mount the dashboard and the domains' pages (``extensions``; default: EXTENSION_MODULES)."""
-    found = load_extensions() if extensions is None else list(extensions)
+    found = [SCHEDULES_UI, *(load_extensions() if extensions is None else extensions)]
     app.state.ui = Ui(flower_url=settings.flower_url, extensions=found)
     app.include_router(router)
     for extension in found:

@@ -1,6 +1,6 @@
 """The bodies of the duties' Celery tasks (``dtask.publish``, ``dtask.reconcile``, ``dtask.prune``,
-``dtask.duty``): what a duty message may ask, checked, then the duty run. Anyone who can write to
-the broker can send these messages, so an argument is never trusted."""
+``dtask.schedule``, ``dtask.duty``): what a duty message may ask, checked, then the duty run.
+Anyone who can write to the broker can send these messages, so an argument is never trusted."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from tasks_core import logs
 from tasks_core.duties.pruner import prune as run_prune
 from tasks_core.duties.publisher import publish_pending
 from tasks_core.duties.reconciler import reconcile as run_reconcile
+from tasks_core.duties.scheduler import fire_due
 from tasks_core.services import Services
 
 log = logging.getLogger(__name__)
@@ -19,6 +20,10 @@ log = logging.getLogger(__name__)
 
 async def publish(services: Services) -> dict[str, int]:
     return vars(await publish_pending(services))
+
+
+async def schedule(services: Services) -> dict[str, int]:
+    return vars(await fire_due(services))
 
 
 async def reconcile(services: Services) -> dict[str, Any]:

@@ -555,6 +555,7 @@ from tasks_core.devkit.chaos.cli import chaos_command  # noqa: E402  (imports no
 from tasks_core.registry import DOMAIN_CLIS, import_path  # noqa: E402
 
 cli.command("chaos")(chaos_command)
+cli.add_typer(import_path("tasks_core.ops.cli_schedule:schedule_app"), name="schedule")
 
 
 for _name, _path in DOMAIN_CLIS:

@@ -132,6 +132,8 @@ async def test_every_page_without_a_session_goes_to_sign_in(browser: Any) -> Non
         "/ui/fragments/overview",
         f"/ui/tasks/{tid}",
         f"/ui/tasks/{tid}/live",
+        "/ui/schedules",
+        "/ui/schedules/alice/nightly",
     ):
         for headers in ({}, {"Authorization": f"Bearer {SECRETS['root']}"}):  # a bearer header is no session
             r = await client.get(path, headers=headers)
@@ -424,6 +426,86 @@ async def test_a_key_sees_only_its_own_tasks_and_admin_sees_all(svc: Any, browse
     everything = await root.get("/ui")
     assert len(rows(everything)) == 7 and "<th>Owner</th>" in everything.text
     assert (await root.get(f"/ui/tasks/{alices}")).status_code == 200
+
+
+# ------------------------------------------------------------------ schedules
+
+
+async def _schedule(svc: Any, owner: str, name: str, **rule: Any) -> Any:
+    from tasks_core.schedules import ScheduleIntent, validate_schedule
+    from tasks_core.store.schedules import ScheduleStore
+
+    intent = ScheduleIntent(name, "diagnostics.noop", {"secret_of": owner}, **(rule or {"every_seconds": 60}))
+    new = validate_schedule(intent, svc.registry, svc.settings, owner, admin=True)
+    return await ScheduleStore.of(svc).create(new)
+
+
+async def test_schedules_are_owner_isolated_on_list_page_and_forms(svc: Any, browser: Any) -> None:
+    from tasks_core.duties.scheduler import fire_due
+    from tasks_core.store.schedules import ScheduleStore
+
+    await _schedule(svc, "alice", "nightly", cron="30 2 * * *", timezone="Europe/Paris")
+    bobs = await _schedule(svc, "bob", "hourly")
+    await _schedule(svc, "bob", "nightly")
+    svc.repo.now = bobs["next_run_at"]
+    assert (await fire_due(svc)).created == 1  # bob's hourly fires (alice's nightly is not due)
+    svc.repo.now = None
+
+    alice, bob, root = await browser("alice"), await browser("bob"), await browser("root")
+    listed = await alice.get("/ui/schedules")
+    assert listed.status_code == 200 and 'href="/ui/schedules"' in listed.text
+    assert re.findall(r'data-schedule="([^"]+)"', listed.text) == ["nightly"]
+    assert "hourly" not in listed.text and "<th>Owner</th>" not in listed.text
+    page = await alice.get("/ui/schedules/alice/nightly")
+    assert page.status_code == 200 and "Europe/Paris" in page.text and "30 2 * * *" in page.text
+    assert len(re.findall(r"<li>\d{4}-\d\d-\d\d \d\d:30:00 UTC</li>", page.text)) == 5  # its next slots
+    assert "No slot has fired yet." in page.text and "secret_of" in page.text
+    for path in ("/ui/schedules/bob/hourly", "/ui/schedules/bob/nightly", "/ui/schedules/nobody/x"):
+        assert (await alice.get(path)).status_code == 404, path
+    csrf = await csrf_of(alice)
+    for action in ("pause", "resume"):
+        r = await alice.post(f"/ui/schedules/bob/hourly/{action}", data={"csrf": csrf})
+        assert r.status_code == 404
+    assert (await ScheduleStore.of(svc).find("hourly", "bob"))[0]["paused_at"] is None
+
+    # bob's page shows the task its slot made, linked to the task's page
+    hourly = await bob.get("/ui/schedules/bob/hourly")
+    [task_id] = re.findall(r'href="/ui/tasks/([0-9a-f-]{36})"', hourly.text)
+    assert (await bob.get(f"/ui/tasks/{task_id}")).status_code == 200
+    assert (await alice.get(f"/ui/tasks/{task_id}")).status_code == 404
+
+    everyone = await root.get("/ui/schedules")
+    assert re.findall(r'data-schedule="([^"]+)"', everyone.text) == ["nightly", "hourly", "nightly"]
+    assert "<th>Owner</th>" in everyone.text
+    assert (await root.get("/ui/schedules/bob/nightly")).status_code == 200
+
+
+async def test_pause_and_resume_need_the_session_token(svc: Any, browser: Any) -> None:
+    from tasks_core.store.schedules import ScheduleStore
+
+    await _schedule(svc, "alice", "nightly")
+    alice, bob = await browser("alice"), await browser("bob")
+    right, bobs = await csrf_of(alice), await csrf_of(bob)
+    for data, headers in (
+        ({}, {}),
+        ({"csrf": "0" * 64}, {}),
+        ({"csrf": bobs}, {}),
+        ({"csrf": right}, {"Sec-Fetch-Site": "cross-site"}),
+    ):
+        r = await alice.post("/ui/schedules/alice/nightly/pause", data=data, headers=headers)
+        assert r.status_code == 403 and "expired" in r.text, (data, headers)
+    assert (await ScheduleStore.of(svc).find("nightly", "alice"))[0]["paused_at"] is None
+
+    r = await alice.post("/ui/schedules/alice/nightly/pause", data={"csrf": right})
+    assert r.status_code == 303 and r.headers["location"] == "/ui/schedules/alice/nightly?notice=paused"
+    page = await alice.get(r.headers["location"])
+    assert "Paused: no slot fires" in page.text and ">Resume</button>" in page.text
+    assert "None while paused" in page.text
+    assert (await ScheduleStore.of(svc).find("nightly", "alice"))[0]["paused_at"] is not None
+    r = await alice.post("/ui/schedules/alice/nightly/resume", data={"csrf": right})
+    assert r.headers["location"] == "/ui/schedules/alice/nightly?notice=resumed"
+    assert ">Pause</button>" in (await alice.get("/ui/schedules/alice/nightly")).text
+    assert (await ScheduleStore.of(svc).find("nightly", "alice"))[0]["paused_at"] is None
 
 
 # ------------------------------------------------------------------ acting on a task
