@@ -100,7 +100,8 @@ TABLES = (
     "tasks", "task_attempts", "task_slots", "diagnostics_runs", "diagnostics_effects", "idempotency_keys",
     "knowledge_bases", "knowledge_files", "knowledge_chunks",
     "evaluation_datasets", "evaluation_items", "evaluation_runs", "evaluation_run_items",
-    "graph_builds", "graph_entities", "graph_edges", "ui_sessions", "schedules", "schedule_runs", "paused_types",
+    "graph_builds", "graph_entities", "graph_edges", "ui_sessions", "schedules", "schedule_runs",
+    "paused_types",
 )
 
 
