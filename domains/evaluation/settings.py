@@ -15,7 +15,7 @@ MAX_TOP_K = 100
 class EvaluationSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DTASK_EVAL_", env_file=".env", extra="ignore")
 
-    # `local` (deterministic, no network) or `module:attribute` naming an ItemGenerator.
+    # `local` (deterministic, no network), `llm`, or `module:attribute` naming an ItemGenerator.
     generator: str = "local"
     # Items generated and committed per owning transaction: what a crash can cost at most.
     batch_size: Annotated[int, Field(ge=1, le=1000)] = 20
