@@ -13,6 +13,7 @@ the model. For an embedder that calls a server, the share is the client's, not t
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -25,6 +26,7 @@ from tasks_core.devkit.bench.report import Document, ratio
 PASSED_PREFIX = "DTASK_EMBEDDING_"
 # Untimed warm-up files per worker pool process: enough that each is likely to have taken one.
 WARMUP_PER_PROCESS = 2
+WARMUP_STALL_SECONDS = 600.0
 
 
 def passed_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -46,23 +48,25 @@ class ModelCost:
 
 
 def model_cost(spec: str, texts: Sequence[str]) -> ModelCost:
-    """Load the embedder ``spec`` in this process and embed ``texts`` in the handler's batches."""
-    from domains.knowledge.embedding import load_embedder
+    """Load the embedder ``spec`` in this process and embed ``texts`` in the handler's batches, on an
+    event loop of this thread's own, through ``embed_texts`` as the handler does.
+
+    The load includes a first one-text call: a local model loads at its first embed, and a client
+    connects at its first request."""
+    return asyncio.run(_model_cost(spec, texts))
+
+
+async def _model_cost(spec: str, texts: Sequence[str]) -> ModelCost:
+    from domains.knowledge.embedding import embed_texts, load_embedder
     from domains.knowledge.handlers import EMBED_BATCH
 
     cpu, wall = time.process_time(), time.monotonic()
     embedder = load_embedder(spec)
+    await embed_texts(embedder, ["warm-up"])
     load_cpu, load = time.process_time() - cpu, time.monotonic() - wall
-    aembed = getattr(embedder, "aembed", None)
     cpu, wall = time.process_time(), time.monotonic()
     for start in range(0, len(texts), EMBED_BATCH):
-        batch = texts[start : start + EMBED_BATCH]
-        if aembed is not None:  # a network client: awaited on a loop of its own (we run in a thread)
-            import asyncio
-
-            asyncio.run(aembed(batch))
-        else:
-            embedder.embed(batch)
+        await embed_texts(embedder, texts[start : start + EMBED_BATCH])
     return ModelCost(
         embedder.name, len(texts), load_cpu, load, time.process_time() - cpu, time.monotonic() - wall
     )
@@ -82,13 +86,13 @@ async def run(
     stack: Any, doc: Document, worker_pid: int, ingest: Callable[[Any, Document], Awaitable[None]]
 ) -> None:
     """``ingest`` (the plain bench's rounds) after a warm-up, with the model's share beside its figures."""
-    import asyncio
-
     opts = stack.opts
     warmup_files = WARMUP_PER_PROCESS * opts.concurrency
     started = time.monotonic()
     scratch = Document("knowledge-ingest-warmup", {}, quick=opts.quick)
-    await ingest(replace(stack, files=warmup_files, opts=replace(opts, rounds=1)), scratch)
+    # The first files of each pool process wait for its model to load: minutes on a busy machine.
+    warm = replace(opts, rounds=1, stall_seconds=max(opts.stall_seconds, WARMUP_STALL_SECONDS))
+    await ingest(replace(stack, files=warmup_files, opts=warm), scratch)
     doc.settings["warmup"] = {"files": warmup_files, "seconds": time.monotonic() - started}
     before = tree_cpu(worker_pid)
     await ingest(stack, doc)
