@@ -16,16 +16,20 @@ from app.cache import TtlCache
 from app.dependencies import Caller, Svc
 from app.schemas import (
     NO_NUL,
+    AttemptList,
     BatchIn,
     BatchOut,
     Conflict,
     Message,
+    RetryIn,
+    RetryOut,
     Status,
     Summary,
     TaskIn,
     TaskOut,
     TaskPage,
 )
+from tasks_core.retries import Retried, RetryRefused, retry_tasks
 from tasks_core.services import Services
 from tasks_core.submission import Idempotency, InvalidTask, Submitted, Submitter, TaskIntent
 from tasks_core.views import task_view
@@ -37,7 +41,14 @@ AUTH = {401: {"model": Message, "description": "Missing or invalid API key"}}
 
 def _intent(body: TaskIn) -> TaskIntent:
     return TaskIntent(
-        body.task_type, body.payload, body.handler_version, body.dedupe_key, body.timeout_seconds
+        body.task_type,
+        body.payload,
+        body.handler_version,
+        body.dedupe_key,
+        body.timeout_seconds,
+        run_at=body.run_at,
+        delay_seconds=body.delay_seconds,
+        priority=body.priority,
     )
 
 
@@ -173,6 +184,70 @@ async def _submitted_view(svc: Services, outcome: Submitted) -> dict[str, Any]:
     return await _view(svc, await svc.repo.get(outcome.task_id) or {})
 
 
+def _refusal(outcome: InvalidTask) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": outcome.code, "field": outcome.field, "message": outcome.message}
+    if isinstance(outcome, RetryRefused) and outcome.task_id is not None:
+        error["task_id"] = outcome.task_id
+    return {"error": error}
+
+
+async def _retry(svc: Services, caller: Any, ids: list[uuid.UUID]) -> list[Retried | InvalidTask]:
+    owner = None if caller.admin else caller.name
+    return await retry_tasks(Submitter(svc), ids, owner=owner, admin=caller.admin)
+
+
+@router.post(
+    "/retry",
+    status_code=202,
+    response_model=RetryOut,
+    responses={**AUTH},
+)
+async def retry_many(body: RetryIn, caller: Caller, svc: Svc) -> Any:
+    """Retry up to 1,000 failed or cancelled tasks, each as a new task; the accepted ones commit
+    together. Each entry answers its new task, or why not (as `POST /tasks/{id}/retry` would)."""
+    outcomes = await _retry(svc, caller, body.ids)
+    results = [
+        _refusal(o) if isinstance(o, InvalidTask) else {"task": await _submitted_view(svc, o.new)}
+        for o in outcomes
+    ]
+    return {"results": results, "accepted": sum(1 for r in results if "task" in r)}
+
+
+@router.post(
+    "/{task_id}/retry",
+    status_code=202,
+    response_model=TaskOut,
+    responses={
+        **AUTH,
+        **NOT_FOUND,
+        403: {
+            "model": Message,
+            "description": "A domain's type (retry it through the domain) or not allowed",
+        },
+        409: {
+            "model": Conflict,
+            "description": "Not failed or cancelled, retried already, or its dedupe key held",
+        },
+        429: {"model": Message, "description": "You already have DTASK_OWNER_MAX_PENDING pending tasks"},
+    },
+)
+async def retry_one(task_id: uuid.UUID, caller: Caller, svc: Svc) -> Any:
+    """Submit a failed or cancelled task again as a new task: same type, payload, owner, timeout,
+    priority and dedupe key, the type's current handler version; `retry_of` names the old task,
+    whose `retried_by` names the new one. A task is retried once: again answers 409 with its retry."""
+    [outcome] = await _retry(svc, caller, [task_id])
+    if isinstance(outcome, RetryRefused) and outcome.status == 409:
+        content = {"detail": outcome.message}
+        if outcome.task_id is not None:
+            content["task_id"] = str(outcome.task_id)
+        return JSONResponse(status_code=409, content=content)
+    if isinstance(outcome, RetryRefused):
+        raise HTTPException(outcome.status, outcome.message)
+    if isinstance(outcome, InvalidTask):
+        raise _invalid(outcome)
+    return await _submitted_view(svc, outcome.new)
+
+
 @router.get("/summary", response_model=Summary, responses={**AUTH})
 async def summary(caller: Caller, svc: Svc, request: Request) -> Any:
     """Exact counts by status and by type (your own tasks unless you hold an admin key), as of
@@ -206,6 +281,16 @@ async def list_tasks(
 async def get_task(task_id: uuid.UUID, caller: Caller, svc: Svc) -> Any:
     """One of your tasks (any task with an admin key), with `waiting_reason` while pending."""
     return await _view(svc, await task_actions.owned_task(svc, task_id, caller))
+
+
+@router.get("/{task_id}/attempts", response_model=AttemptList, responses={**AUTH, **NOT_FOUND})
+async def task_attempts(task_id: uuid.UUID, caller: Caller, svc: Svc) -> Any:
+    """Every attempt of the task: who claimed it, when, and how it ended, with its error (each
+    attempt's error is kept, also when a later attempt succeeded)."""
+    await task_actions.owned_task(svc, task_id, caller)
+    return {
+        "items": [task_actions.attempt_view(a, full=caller.admin) for a in await svc.repo.attempts(task_id)]
+    }
 
 
 @router.post(

@@ -6,7 +6,9 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from tasks_core.model import MAX_PRIORITY, MIN_PRIORITY
 
 # PostgreSQL text cannot hold U+0000: refuse it at the edge instead of failing in the database.
 NO_NUL = r"^[^\x00]*$"
@@ -47,6 +49,21 @@ class TaskIn(BaseModel):
         _d("Ends the task failed (`timeout`) after this long; default: the type's, at most "
            "DTASK_MAX_TIMEOUT_SECONDS", gt=0, allow_inf_nan=False, examples=[3600]),
     ] = None
+    run_at: Annotated[
+        AwareDatetime | None,
+        _d("Not run before this instant (RFC 3339 with a zone; PostgreSQL's clock decides); not with "
+           "delay_seconds", examples=["2026-12-24T18:00:00Z"]),
+    ] = None
+    delay_seconds: Annotated[
+        float | None,
+        _d("Not run before this many seconds from now; not with run_at", ge=0, allow_inf_nan=False,
+           examples=[600]),
+    ] = None
+    priority: Annotated[
+        int,
+        _d(f"Among runnable tasks the higher priority goes first, then the older ({MIN_PRIORITY} to "
+           f"{MAX_PRIORITY})", strict=True, ge=MIN_PRIORITY, le=MAX_PRIORITY),
+    ] = 0
 
 
 class BatchIn(BaseModel):
@@ -82,21 +99,60 @@ class TaskOut(BaseModel):
     started_at: datetime | None = _d("When a worker first claimed it")
     finished_at: datetime | None = _d("When it reached its terminal state")
     lease_expires_at: datetime | None = _d("While running: when its owner's lease lapses unless renewed")
+    run_at: datetime | None = _d("The instant it was scheduled for (run_at or delay_seconds)", default=None)
+    priority: int = _d("Higher runs first among runnable tasks", default=0)
+    retry_of: UUID | None = _d("The failed or cancelled task this one retries by hand", default=None)
+    retried_by: UUID | None = _d("The task that retried this one by hand", default=None)
     waiting_reason: str | None = _d("While pending: why it is not running yet", default=None)
 
 
 class EntryError(BaseModel):
-    code: Literal["invalid", "forbidden", "quota", "duplicate", "idempotency_key_reused"] = _d(
-        "invalid (422), forbidden (403), quota (429) or duplicate (409) — what a single POST answers"
+    code: Literal[
+        "invalid", "forbidden", "quota", "duplicate", "idempotency_key_reused", "not_found", "retried",
+        "not_retryable",
+    ] = _d(
+        "invalid (422), forbidden (403), quota (429) or duplicate (409) — what a single POST answers; "
+        "for a retry also not_found (404), retried (409: already retried) and not_retryable (409: not "
+        "failed or cancelled)"
     )
     field: str | None = _d("The offending field", default=None)
     message: str = _d("What is wrong")
-    task_id: UUID | None = _d("duplicate: your active task holding the dedupe key", default=None)
+    task_id: UUID | None = _d(
+        "duplicate: your active task holding the dedupe key; retried: the task that retried it", default=None
+    )
 
 
 class BatchEntry(BaseModel):
     task: TaskOut | None = _d("The stored task", default=None)
     error: EntryError | None = _d("Why this entry was refused (nothing stored for it)", default=None)
+
+
+class RetryIn(BaseModel):
+    """Failed or cancelled tasks to submit again, each as a new task (one transaction)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ids: Annotated[list[UUID], _d("The tasks, in order", min_length=1, max_length=1000)]
+
+
+class AttemptOut(BaseModel):
+    """One attempt: a claim of the task under its own token, and how it ended."""
+
+    attempt: int = _d("1 for the first claim, then 2, …")
+    worker: str | None = _d("The worker process that claimed it (`node:pid`)")
+    claimed_at: datetime = _d("When it was claimed (PostgreSQL's clock)")
+    ended_at: datetime | None = _d("When its ownership ended: its terminal write, or its lapsed lease")
+    outcome: str | None = _d("success, failed, cancelled, lease_expired, worker_shutdown, … (null: running)")
+    error: str | None = _d("Why it ended, if not success: the error's first line (admin keys: all of it)")
+
+
+class RetryOut(BaseModel):
+    results: list[BatchEntry] = _d("One per id, in order: the new task, or why not")
+    accepted: int = _d("Tasks retried")
+
+
+class AttemptList(BaseModel):
+    items: list[AttemptOut] = _d("Every attempt, first first")
 
 
 class BatchOut(BaseModel):
@@ -146,4 +202,5 @@ class TaskType(BaseModel):
     retry_safe: bool = _d("Sent back to pending (with backoff) after a lost lease or a worker shutdown")
     max_attempts: int = _d("Attempts in all (more than 1 only for retry-safe types)")
     internal: bool = _d("Made by its domain's own routes with the rows it works on; POST /tasks refuses it")
+    paused: bool = _d("An operator paused it: its pending tasks wait (`type paused`), running ones finish")
     payload_schema: dict[str, Any] = _d("JSON Schema the payload is checked against")

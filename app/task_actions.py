@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import HTTPException
 
 from app.auth import Principal
-from tasks_core.model import ACTIVE, TERMINAL
+from tasks_core.model import ACTIVE, TERMINAL, Status
 from tasks_core.services import Services
 
 
@@ -42,6 +42,29 @@ async def delete_task(svc: Services, task_id: uuid.UUID, caller: Principal) -> N
         raise HTTPException(404, "no such task")
     if outcome == "active":
         raise HTTPException(409, "only finished tasks can be deleted; cancel it first")
+
+
+def attempt_view(row: Mapping[str, Any], *, full: bool) -> dict[str, Any]:
+    """An attempt as its task's owner sees it: the error in one line (its full text, a traceback,
+    may name internal hosts, so only admin keys get it, as in the task's own ``error``)."""
+    detail = row["detail"]
+    if detail and not full:
+        lines = detail.strip().splitlines() or [""]
+        # A traceback's last line names the exception; any other detail leads with its reason.
+        detail = (lines[-1] if lines[0].startswith("Traceback") else lines[0])[:300] or None
+    return {
+        "attempt": row["attempt"],
+        "worker": row["worker"],
+        "claimed_at": row["claimed_at"],
+        "ended_at": row["ended_at"],
+        "outcome": row["outcome"],
+        "error": detail if row["outcome"] != "success" else None,
+    }
+
+
+def retryable(row: Mapping[str, Any]) -> bool:
+    """Worth offering a retry: failed or cancelled, and not retried yet."""
+    return row["status"] in (Status.FAILED, Status.CANCELLED) and row.get("retried_by") is None
 
 
 def cancellable(row: Mapping[str, Any]) -> bool:

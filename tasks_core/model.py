@@ -47,6 +47,7 @@ class Status(enum.StrEnum):
 ACTIVE = (Status.PENDING, Status.RUNNING)
 TERMINAL = (Status.SUCCESS, Status.FAILED, Status.CANCELLED)
 LEGACY_VERSION = 0
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
 
 tasks = Table(
     "tasks",
@@ -68,8 +69,18 @@ tasks = Table(
     Column("message", Text, nullable=True),
     Column("result", JSONB, nullable=True),
     Column("error", JSONB, nullable=True),
-    # A retry-safe task sent back to pending is not claimable before this instant (backoff).
+    # Not claimable before this instant: the submission's run_at, or a retry's backoff.
     Column("not_before", DateTime(timezone=True), nullable=True),
+    # The instant the submission asked for (run_at, or now + delay_seconds); kept for users.
+    Column("run_at", DateTime(timezone=True), nullable=True),
+    # Among claimable tasks the higher priority goes first, then the older.
+    Column("priority", Integer, nullable=False, server_default="0"),
+    # A retry by hand is a new task: it names the one it retries, and that one names it (set
+    # once, in the retry's own transaction: a task is retried at most once). No foreign keys:
+    # pruning one side leaves the other's link dangling (GET answers 404) instead of making every
+    # prune delete look the table up for rows that name it.
+    Column("retry_of", UUID(as_uuid=True), nullable=True),
+    Column("retried_by", UUID(as_uuid=True), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.clock_timestamp()),
     Column("started_at", DateTime(timezone=True), nullable=True),
     Column("finished_at", DateTime(timezone=True), nullable=True),
@@ -80,6 +91,7 @@ tasks = Table(
     CheckConstraint("timeout_seconds > 0 AND timeout_seconds < 'Infinity'::float8", name="timeout_positive"),
     CheckConstraint("progress >= 0 AND progress <= 100", name="progress_range"),
     CheckConstraint("handler_version >= 0", name="handler_version"),
+    CheckConstraint(f"priority BETWEEN {MIN_PRIORITY} AND {MAX_PRIORITY}", name="priority_range"),
     # A running row always has an owner and a lease; nothing else does.
     CheckConstraint(
         "(status = 'running') = (attempt_token IS NOT NULL AND lease_expires_at IS NOT NULL)",
@@ -99,16 +111,26 @@ Index(
     postgresql_where=text("status IN ('pending', 'running') AND dedupe_key IS NOT NULL"),
     postgresql_nulls_not_distinct=True,
 )
-# Oldest pending first for the publisher, relay and waiting_reason.
+# Oldest pending first: the oldest pending age, and waiting_reason.
 Index(
     "ix_tasks_pending_created",
     tasks.c.created_at,
     tasks.c.id,
     postgresql_where=text("status = 'pending'"),
 )
-# Pending tasks with no message in flight, oldest first: what the relay hands free slots to.
+# Pending tasks in the order they are taken (higher priority, then older): the publisher's pick.
+Index(
+    "ix_tasks_pending_priority",
+    tasks.c.priority.desc(),
+    tasks.c.created_at,
+    tasks.c.id,
+    postgresql_where=text("status = 'pending'"),
+)
+# Pending tasks with no message in flight, in the order they are taken: what the relay hands free
+# slots to.
 Index(
     "ix_tasks_unpublished",
+    tasks.c.priority.desc(),
     tasks.c.created_at,
     tasks.c.id,
     postgresql_where=text("status = 'pending' AND last_published_at IS NULL"),
@@ -175,6 +197,16 @@ task_slots = Table(
     Column("slot", Integer, primary_key=True, autoincrement=False),
     Column("task_id", UUID(as_uuid=True), nullable=True, unique=True),
     Column("token", UUID(as_uuid=True), nullable=True),
+)
+
+# Task types an operator paused: their tasks are not claimed, relayed or published while a row is
+# here (running ones finish); resuming deletes the row and publishes what waits.
+paused_types = Table(
+    "paused_types",
+    metadata,
+    Column("task_type", Text, primary_key=True),
+    Column("paused_by", Text, nullable=True),
+    Column("paused_at", DateTime(timezone=True), nullable=False, server_default=func.clock_timestamp()),
 )
 
 # Idempotent submission: a retried request with the same Idempotency-Key (per owner) gets the

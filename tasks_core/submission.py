@@ -14,6 +14,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -21,11 +22,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tasks_core.db import is_transient
 from tasks_core.duties.relay import Relayed, publish_due, take_relay_due
+from tasks_core.model import MAX_PRIORITY, MIN_PRIORITY
 from tasks_core.registry import Registry, TaskSpec
 from tasks_core.services import Services
 from tasks_core.settings import Settings
 from tasks_core.store.group_commit import GroupCommit
 from tasks_core.store.outcomes import NewTask
+from tasks_core.views import scheduled_reason
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 1000
@@ -66,6 +69,12 @@ class TaskIntent:
     handler_version: Any = None
     dedupe_key: Any = None
     timeout_seconds: Any = None
+    # Not claimable before this instant (an aware datetime or RFC 3339 text with a zone), or
+    # before delay_seconds after the submission (PostgreSQL's clock); at most one of the two.
+    run_at: Any = None
+    delay_seconds: Any = None
+    # Higher first among claimable tasks, then older (MIN_PRIORITY..MAX_PRIORITY).
+    priority: Any = 0
 
 
 @dataclass
@@ -82,6 +91,9 @@ class Submitted:
 
     def waiting_reason(self) -> str:
         """Why the task just submitted waits, from what the submission knows (no query)."""
+        scheduled = self.row and self.row.get("run_at")
+        if scheduled:
+            return scheduled_reason(scheduled)
         if self.publish_error:
             return f"publish failed: {self.publish_error}"
         return "waiting for a worker" if self.published else "waiting for a free slot"
@@ -125,6 +137,42 @@ def _payload_problem(payload: Any) -> str | None:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+# A delay past this is a mistake in units, not a plan (and PostgreSQL's intervals overflow far
+# beyond it); run_at has no such bound.
+MAX_DELAY_SECONDS = 10 * 366 * 86400
+
+
+def _run_at(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            raise InvalidTask("run_at", "must be an RFC 3339 instant, e.g. 2026-12-24T18:00:00Z") from None
+    if not isinstance(value, datetime):
+        raise InvalidTask("run_at", "must be an RFC 3339 instant (text) or an aware datetime")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidTask("run_at", "must name its zone (Z or +hh:mm): a local time is ambiguous")
+    return value
+
+
+def _schedule(intent: TaskIntent) -> tuple[datetime | None, float | None, int]:
+    """run_at, delay_seconds and priority as stored, or InvalidTask."""
+    if intent.run_at is not None and intent.delay_seconds is not None:
+        raise InvalidTask("run_at", "give run_at or delay_seconds, not both")
+    delay = intent.delay_seconds
+    if delay is not None and (not _is_number(delay) or not math.isfinite(delay) or delay < 0):
+        raise InvalidTask("delay_seconds", "must be a finite number of seconds, at least 0")
+    if delay is not None and delay > MAX_DELAY_SECONDS:
+        raise InvalidTask("delay_seconds", f"must be at most {MAX_DELAY_SECONDS} s (10 years); use run_at")
+    priority = intent.priority
+    integer = isinstance(priority, int) and not isinstance(priority, bool)
+    if not integer or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise InvalidTask("priority", f"must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}")
+    return _run_at(intent.run_at), None if delay is None else float(delay), priority
 
 
 def may_submit(spec: TaskSpec, settings: Settings, admin: bool, public: bool = False) -> bool:
@@ -213,6 +261,7 @@ def validate(
             "dedupe_key",
             f"must be a string of 1-{s.max_dedupe_key_length} valid Unicode characters, without U+0000",
         )
+    run_at, delay, priority = _schedule(intent)
     return NewTask(
         task_type=intent.task_type,
         handler_version=version,
@@ -220,6 +269,9 @@ def validate(
         timeout_seconds=float(timeout),
         dedupe_key=key,
         owner=owner,
+        run_at=run_at,
+        delay_seconds=delay,
+        priority=priority,
     )
 
 
@@ -243,10 +295,14 @@ class SubmitTransaction:
         self._pending: int | None = None  # the owner's pending count, once this transaction read it
 
     async def add(self, intent: TaskIntent) -> Submitted:
+        return await self.add_new(self._validate(intent))
+
+    async def add_new(self, new: NewTask) -> Submitted:
+        """Insert an intent already validated, counting it against its owner's quota when that
+        owner is this transaction's (an admin's retry of another owner's task is not counted)."""
         services = self.submitter.services
-        new = self._validate(intent)
         limit = services.settings.owner_max_pending
-        if limit is not None and self.owner is not None:  # as _quota_applies, with both narrowed
+        if limit is not None and self.owner is not None and new.owner == self.owner:
             if self._pending is None:
                 # Locks the owner's quota until commit: concurrent submissions cannot overshoot it.
                 self._pending = await services.repo.owner_pending(self.conn, self.owner, limit)

@@ -29,6 +29,10 @@ FIELDS = (
     "started_at",
     "finished_at",
     "lease_expires_at",
+    "run_at",
+    "priority",
+    "retry_of",
+    "retried_by",
     "waiting_reason",
 )
 
@@ -36,6 +40,14 @@ FIELDS = (
 def _iso(value: datetime | None) -> str | None:
     # The same form the HTTP API serializes (UTC, "Z"), so `dtask show --json` matches it exactly.
     return None if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _id(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def scheduled_reason(run_at: datetime) -> str:
+    return f"scheduled for {_iso(run_at)}"
 
 
 def task_view(row: Mapping[str, Any], waiting_reason: str | None = None) -> dict[str, Any]:
@@ -56,6 +68,10 @@ def task_view(row: Mapping[str, Any], waiting_reason: str | None = None) -> dict
         "started_at": _iso(row["started_at"]),
         "finished_at": _iso(row["finished_at"]),
         "lease_expires_at": _iso(row["lease_expires_at"]),
+        "run_at": _iso(row["run_at"]),
+        "priority": row["priority"],
+        "retry_of": _id(row["retry_of"]),
+        "retried_by": _id(row["retried_by"]),
         "waiting_reason": waiting_reason,
     }
 
@@ -88,7 +104,11 @@ def waiting_reason(
         else f"{ahead} older task{'s' if ahead != 1 else ''} of yours"
     )
     behind = f", behind {older}" if ahead else ""
+    if facts.paused:
+        return "type paused"
     if facts.backoff:
+        if row["attempt_count"] == 0 and row["run_at"] is not None:
+            return scheduled_reason(row["run_at"])
         return f"retry backoff until {row['not_before'].isoformat()}"
     if owner_max_running is not None and facts.mine_running >= owner_max_running:
         return f"your running limit is reached ({facts.mine_running} of {owner_max_running})"

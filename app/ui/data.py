@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 from fastapi import Request
 
 from app.cache import TtlCache
-from app.task_actions import cancellable, deletable
+from app.task_actions import cancellable, deletable, retryable
 from app.ui.session import UiError
 from tasks_core.db import db_now
 from tasks_core.model import Status
@@ -116,6 +116,7 @@ def describe(row: Mapping[str, Any], now: datetime, reason: str | None = None) -
         "at": {k: row[f"{k}_at"] for k in ("created", "started", "finished", "heartbeat")},
         "cancellable": cancellable(row),
         "deletable": deletable(row),
+        "retryable": retryable(row),
     }
 
 

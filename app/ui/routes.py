@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import uuid
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request
 from starlette.responses import Response
@@ -32,6 +33,9 @@ from app.ui.session import (
     start_session,
 )
 from tasks_core.db import db_now
+from tasks_core.duties.relay import relay
+from tasks_core.retries import Retried, RetryRefused, retry_tasks
+from tasks_core.submission import InvalidTask, Submitter
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
@@ -42,6 +46,11 @@ NOTICES = {
     "finished": "The task had already finished.",
     "deleted": "Task deleted.",
     "active": "Only finished tasks can be deleted; cancel it first.",
+    "retried": "Retried: this is the new task.",
+    "not_retried": "Not retried: only a failed or cancelled task is, once (see Retried by).",
+    "retried_many": "The failed tasks shown were retried, each as a new task.",
+    "paused": "Paused: its pending tasks wait; running ones finish.",
+    "resumed": "Resumed: its waiting tasks are sent as capacity frees.",
 }
 # Where sign-in may send you back to: a dashboard path of ours, never another site.
 NEXT = re.compile(r"/ui(?:[/?][^\s\\]*)?")
@@ -140,6 +149,7 @@ async def _overview(request: Request, viewer: Viewer) -> dict[str, Any]:
         "summary": counts,
         "counted_ago": age,
         "facts": await readiness_facts(data.services(request)),
+        "paused": [row["task_type"] for row in await data.services(request).repo.paused_types()],
     }
 
 
@@ -153,6 +163,8 @@ async def task_list(
         **overview,
         **await _table(request, viewer, f),
         "types": types,
+        # The type the list is filtered to, if it is one this deployment runs: an admin may pause it.
+        "pausable": f.task_type if f.task_type and data.services(request).registry.get(f.task_type) else None,
         "statuses": data.STATUSES,
         "page_sizes": data.PAGE_SIZES,
         "notice": _notice(notice),
@@ -213,6 +225,52 @@ async def cancel(request: Request, task_id: uuid.UUID, viewer: Checked) -> Respo
         outcome = "finished"
     code = {"requested": "cancel_requested"}.get(outcome, outcome)
     return redirect(f"/ui/tasks/{task_id}?notice={code}")
+
+
+@router.post("/tasks/retry")
+async def retry_many(
+    request: Request, viewer: Checked, ids: Annotated[list[uuid.UUID], Form()]
+) -> Response:
+    """The list page's bulk retry: the failed tasks it showed (ids the viewer may not see, or that
+    were retried meanwhile, are skipped, as POST /tasks/retry answers them)."""
+    try:
+        await _retry(request, viewer, ids)
+    except InvalidTask as exc:  # over the batch limit: no page shows that many
+        raise UiError(400, exc.message) from None
+    return redirect("/ui?status=failed&notice=retried_many")
+
+
+@router.post("/tasks/{task_id}/retry")
+async def retry(request: Request, task_id: uuid.UUID, viewer: Checked) -> Response:
+    [outcome] = await _retry(request, viewer, [task_id])
+    if isinstance(outcome, Retried):
+        return redirect(f"/ui/tasks/{outcome.new.task_id}?notice=retried")
+    if isinstance(outcome, RetryRefused) and outcome.status == 404:
+        raise UiError(404, "No such task (or not yours).")
+    return redirect(f"/ui/tasks/{task_id}?notice=not_retried")
+
+
+async def _retry(request: Request, viewer: Viewer, ids: list[uuid.UUID]) -> list[Retried | InvalidTask]:
+    principal = viewer.principal
+    owner = None if principal.admin else principal.name
+    return await retry_tasks(Submitter(data.services(request)), ids, owner=owner, admin=principal.admin)
+
+
+@router.post("/task-types/{task_type}/{action}")
+async def pause_or_resume(request: Request, task_type: str, action: str, viewer: Checked) -> Response:
+    """Admin: pause or resume a type from the list filtered to it (the API's rules)."""
+    svc = data.services(request)
+    if action not in ("pause", "resume"):
+        raise UiError(404, "No such page.")
+    if not viewer.principal.admin:
+        raise UiError(403, "Pausing a task type needs an admin key.")
+    if svc.registry.get(task_type) is None:
+        raise UiError(404, "No such task type.")
+    if action == "pause":
+        await svc.repo.pause_type(task_type, by=viewer.principal.name)
+    elif await svc.repo.resume_type(task_type):
+        await relay(svc, by="resume")
+    return redirect(f"/ui?{urlencode({'task_type': task_type, 'notice': action + 'd'})}")
 
 
 @router.post("/tasks/{task_id}/delete")

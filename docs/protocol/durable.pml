@@ -30,6 +30,8 @@
  *   MUT_FINISH_NO_CANCEL the owner's success ignores cancel intent
  *   MUT_RECONCILE_NO_PENDING_CANCEL  the reconciler leaves a pending row with cancel intent
  *   MUT_NO_REPUBLISH     nothing re-sends a lost message (no periodic publisher)
+ *   MUT_CLAIM_BEFORE_DUE the claim ignores the task's instant (run_at, or a retry's backoff)
+ *   MUT_CLAIM_WHILE_PAUSED the claim ignores a paused type
  */
 
 #ifndef W
@@ -59,8 +61,16 @@
 #ifndef SHARED_KEY
 #define SHARED_KEY 0
 #endif
+/* task 1 is submitted with a run_at in the future (delay_seconds / run_at) */
+#ifndef SCHEDULED
+#define SCHEDULED 1
+#endif
 
 #define T 2
+/* task 1's type may be paused by an operator (paused_types), then resumed */
+#ifndef PAUSABLE
+#define PAUSABLE 0
+#endif
 
 /* task status (tasks.status); NONE = not inserted yet */
 #define NONE      0
@@ -85,6 +95,10 @@ byte tok[T];           /* attempt_token: the attempt number that owns it, 0 = NU
 byte att[T];           /* attempt_count */
 bool live[T];          /* lease_expires_at > database now */
 bool cxl[T];           /* cancel_requested_at IS NOT NULL */
+bool due[T];           /* not_before <= database now: its run_at, or a retry's backoff, has passed */
+bool paused;           /* task 1's type is in paused_types */
+#define PAUSED(t) ((t) == 1 && paused)
+#define SENDABLE(t) (st[t] == PENDING && !cxl[t] && due[t] && !PAUSED(t))
 byte lk[T];            /* row lock held by an open transaction of worker lk-1; 0 = none */
 byte dom[T];           /* the task's domain row */
 byte msgs[T];          /* task-id messages on the broker (a bag: any order, any delay) */
@@ -161,15 +175,15 @@ inline terminal(t, s, hook) {
   fi
 }
 
-/* relay.py: after a slot frees, the oldest pending tasks with no message in flight are sent */
+/* relay.py: after a slot frees, the due pending tasks with no message in flight are sent */
 inline relay() {
 #if MESSAGES
   if
-  :: st[0] == PENDING && !cxl[0] && msgs[0] == 0 -> msgs[0] = 1
+  :: SENDABLE(0) && msgs[0] == 0 -> msgs[0] = 1
   :: else -> skip
   fi;
   if
-  :: st[1] == PENDING && !cxl[1] && msgs[1] == 0 -> msgs[1] = 1
+  :: SENDABLE(1) && msgs[1] == 0 -> msgs[1] = 1
   :: else -> skip
   fi
 #else
@@ -190,7 +204,7 @@ active proctype Submitter() {
      d_step {
        if
        :: !(SHARED_KEY && (ACTIVE(0) || ACTIVE(1))) ->
-          st[t] = PENDING; submitted[t] = 1; check();
+          st[t] = PENDING; submitted[t] = 1; due[t] = (t == 0 || !SCHEDULED); check();
           t++
        :: else -> skip      /* 409: the holder's id; the user may retry later */
        fi
@@ -207,13 +221,14 @@ active proctype Broker() {
   byte c;
 end:
   do
+  /* a task is sent once due and its type not paused, never ahead (no broker countdown) */
 #ifdef MUT_NO_REPUBLISH
   /* only the submission's own publish: nothing re-sends a lost or dropped message */
-  :: d_step { st[0] == PENDING && !cxl[0] && msgs[0] == 0 && !sent[0] -> msgs[0] = 1; sent[0] = 1 }
-  :: d_step { st[1] == PENDING && !cxl[1] && msgs[1] == 0 && !sent[1] -> msgs[1] = 1; sent[1] = 1 }
+  :: d_step { SENDABLE(0) && msgs[0] == 0 && !sent[0] -> msgs[0] = 1; sent[0] = 1 }
+  :: d_step { SENDABLE(1) && msgs[1] == 0 && !sent[1] -> msgs[1] = 1; sent[1] = 1 }
 #else
-  :: d_step { st[0] == PENDING && !cxl[0] && msgs[0] == 0 -> msgs[0] = 1 }
-  :: d_step { st[1] == PENDING && !cxl[1] && msgs[1] == 0 -> msgs[1] = 1 }
+  :: d_step { SENDABLE(0) && msgs[0] == 0 -> msgs[0] = 1 }
+  :: d_step { SENDABLE(1) && msgs[1] == 0 -> msgs[1] = 1 }
 #endif
   /* duplicates, at most MAXDUP in a run: a broker that duplicated (or redelivered) a message
    * without end, and workers that always took that one, would starve the other task; a real
@@ -228,6 +243,16 @@ end:
 }
 #endif
 
+/* The operator: pauses task 1's type at any moment, and resumes it later (paused_types; resume
+ * also relays what waits). Running tasks are not touched. */
+#if PAUSABLE
+active proctype Operator() {
+  byte c;
+  atomic { paused = 1 };
+  atomic { paused = 0; relay() }
+}
+#endif
+
 /* The database clock passes a running task's lease (nobody renewed it in time: a paused,
  * partitioned or dead owner, or a slow heartbeat). It never moves back. The early expiry of a
  * dead process's attempts by their tokens (EXPIRE_ATTEMPTS_SQL) is this same step: it ends the
@@ -238,16 +263,26 @@ end:
   do
   :: d_step { st[0] == RUNNING && live[0] -> live[0] = 0; check() }
   :: d_step { st[1] == RUNNING && live[1] -> live[1] = 0; check() }
+  /* ... and a pending task's instant (its run_at, or its retry backoff) */
+  :: d_step { st[0] == PENDING && !due[0] -> due[0] = 1 }
+  :: d_step { st[1] == PENDING && !due[1] -> due[1] = 1 }
   od
 }
 
-/* CLAIM_SQL, one statement: pending, no cancel intent, a free slot below the capacity; the
- * task runs under a new token and a live lease, the slot and the attempt are taken. Refused:
- * the message is acknowledged and dropped (the relay or the publisher re-sends). */
+/* CLAIM_SQL, one statement: pending, no cancel intent, due (not_before passed), a free slot
+ * below the capacity; the task runs under a new token and a live lease, the slot and the attempt
+ * are taken. Refused: the message is acknowledged and dropped (the relay or the publisher
+ * re-sends). */
 inline claim(t) {
   ok = 0;
   if
-  :: st[t] == PENDING && !cxl[t] ->
+#if defined(MUT_CLAIM_BEFORE_DUE)
+  :: st[t] == PENDING && !cxl[t] && !PAUSED(t) ->
+#elif defined(MUT_CLAIM_WHILE_PAUSED)
+  :: st[t] == PENDING && !cxl[t] && due[t] ->
+#else
+  :: st[t] == PENDING && !cxl[t] && due[t] && !PAUSED(t) ->
+#endif
      c = 0;
      do
      :: c < C && slot[c] == 0 -> break
@@ -259,6 +294,8 @@ inline claim(t) {
 #endif
      if
      :: c < C ->
+        assert(due[t]);                /* no attempt starts before its task's instant */
+        assert(!PAUSED(t));            /* nor while its type is paused */
         st[t] = RUNNING; att[t]++; tok[t] = att[t]; live[t] = 1; open[t]++;
         slot[c] = t + 1; slottok[c] = tok[t];
         mytok = tok[t]; steps = 0; ok = 1
@@ -323,7 +360,7 @@ inline reconcile_one(t) {
   :: lk[t] == 0 && st[t] == RUNNING && !live[t] ->
      if
      :: RETRY_SAFE(t) && att[t] < MAXATT && !cxl[t] ->
-        end_attempt(t); st[t] = PENDING
+        end_attempt(t); st[t] = PENDING; due[t] = 0   /* PENDING_SET: not before now + backoff */
      :: else ->
         end_attempt(t);
 #ifdef MUT_CONVERGE_NO_HOOK
@@ -423,7 +460,7 @@ attempt:
        /* TaskStore.release: an owning transaction that hands the task back */
        if :: OWNED(t) -> skip :: else -> goto lost fi;
        if :: skip :: live[t] = 0 fi;
-       if :: live[t] -> I2(t, mytok); end_attempt(t); st[t] = PENDING; relay(); check() :: else -> skip fi;
+       if :: live[t] -> I2(t, mytok); end_attempt(t); st[t] = PENDING; due[t] = 0; relay(); check() :: else -> skip fi;
        goto lost
      }
   :: goto lost                                                  /* the process dies */

@@ -280,6 +280,13 @@ def submit(
     payload: Annotated[str, typer.Option(help="JSON object")] = "{}",
     dedupe_key: Annotated[str | None, typer.Option()] = None,
     timeout: Annotated[float | None, typer.Option(help="seconds")] = None,
+    run_at: Annotated[
+        str | None, typer.Option("--run-at", help="not before this instant (RFC 3339 with a zone)")
+    ] = None,
+    delay: Annotated[float | None, typer.Option("--delay", help="not before this many seconds from now")] = (
+        None
+    ),
+    priority: Annotated[int, typer.Option(help="higher runs first among runnable tasks (-100..100)")] = 0,
     wait: Annotated[bool, typer.Option("--wait", help="show progress until the task ends")] = False,
     idempotency_key: Annotated[
         str | None,
@@ -301,9 +308,12 @@ def submit(
     except json.JSONDecodeError as exc:
         _fail(f"--payload is not JSON: {exc}", Exit.USAGE)
 
-    intent = TaskIntent(task_type, body, dedupe_key=dedupe_key, timeout_seconds=timeout)
+    intent = TaskIntent(
+        task_type, body, dedupe_key=dedupe_key, timeout_seconds=timeout, run_at=run_at, delay_seconds=delay,
+        priority=priority,
+    )
     key = idempotency_key or str(uuid.uuid4())
-    request = json.dumps([task_type, body, dedupe_key, timeout], sort_keys=True)
+    request = json.dumps([task_type, body, dedupe_key, timeout, run_at, delay, priority], sort_keys=True)
     idempotency = Idempotency(key, hashlib.sha256(request.encode()).hexdigest())
 
     async def go() -> Any:
@@ -468,6 +478,34 @@ def cancel(task_id: str) -> None:
     if outcome == "terminal":
         _fail("task already finished", Exit.FINISHED)
     typer.echo("cancelled" if outcome == "cancelled" else "cancel requested")
+
+
+@cli.command()
+def retry(task_ids: Annotated[list[str], typer.Argument(help="failed or cancelled tasks")]) -> None:
+    """Submit failed or cancelled tasks again, each as a new task (one transaction); prints
+    `old new` per task. A task is retried once: again names its retry and exits 1."""
+    from tasks_core.retries import Retried, RetryRefused, retry_tasks
+    from tasks_core.submission import InvalidTask, Submitter
+
+    ids = [_task_id(raw) for raw in task_ids]
+
+    async def go() -> list[Retried | InvalidTask]:
+        async with client_services() as services:  # an operator's command: any owner's task
+            try:
+                return await retry_tasks(Submitter(services), ids, owner=None, admin=True)
+            except InvalidTask as exc:
+                _fail(f"invalid: {exc}", Exit.USAGE)
+
+    code = 0
+    for task_id, outcome in zip(ids, run_command(go), strict=True):
+        if isinstance(outcome, Retried):
+            typer.echo(f"{task_id} {outcome.new.task_id}")
+            continue
+        also = f" ({outcome.task_id})" if isinstance(outcome, RetryRefused) and outcome.task_id else ""
+        typer.echo(f"{task_id}: {outcome.message}{also}", err=True)
+        missing = isinstance(outcome, RetryRefused) and outcome.status == 404
+        code = max(code, Exit.NO_TASK if missing else Exit.FAILED)
+    raise typer.Exit(code)
 
 
 @cli.command()

@@ -130,6 +130,8 @@ class Claims(StoreBase):
             return Refused(ClaimRefusal.NOT_RUNNABLE)
         if row["cancel"]:
             return Refused(ClaimRefusal.CANCEL_REQUESTED)
+        if row["paused"]:
+            return Refused(ClaimRefusal.TYPE_PAUSED)
         if row["backoff"]:
             return Refused(ClaimRefusal.BACKOFF)
         if row["owner_full"]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -38,6 +39,13 @@ class NewTask:
     timeout_seconds: float
     dedupe_key: str | None = None
     owner: str | None = None
+    # Claimable from this instant on (aware), or this many seconds after PostgreSQL's now at
+    # insert; at most one of the two.
+    run_at: datetime | None = None
+    delay_seconds: float | None = None
+    priority: int = 0
+    # The failed or cancelled task this one retries by hand.
+    retry_of: uuid.UUID | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,8 @@ class ClaimRefusal(StrEnum):
     NOT_RUNNABLE = "not_runnable"
     CANCEL_REQUESTED = "cancel_requested"
     BACKOFF = "backoff"
+    # An operator paused the task's type (POST /task-types/{type}/pause).
+    TYPE_PAUSED = "type_paused"
     OWNER_LIMIT = "owner_limit"
     # Slot rows removed or left held behind the runtime's back: the claim repairs them and retries.
     SLOTS_MISSING = "slots_missing"
@@ -118,8 +128,10 @@ class Heartbeat:
 class WaitingFacts:
     """What the database says about a pending task that is not running yet."""
 
-    # Its retry backoff (not_before) is still ahead.
+    # Its not_before (run_at, or a retry's backoff) is still ahead.
     backoff: bool
+    # Its type is paused.
+    paused: bool
     # Tasks running in the cluster, and of the task's own owner.
     running: int
     mine_running: int

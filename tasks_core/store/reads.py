@@ -37,11 +37,15 @@ class Reads(StoreBase):
         about the others), and counts at most WAITING_COUNT_CAP rows: the cost stays flat however
         many tasks are pending."""
         statement = sql.WAITING_FACTS_SQL[row["owner"] is None]
-        params = self._p(nb=row["not_before"], created=row["created_at"], id=row["id"], owner=row["owner"])
+        params = self._p(
+            nb=row["not_before"], created=row["created_at"], id=row["id"], owner=row["owner"],
+            tt=row["task_type"],
+        )  # fmt: skip
         async with self.engine.connect() as conn:
             facts = (await run(conn, statement, params)).mappings().one()
         return WaitingFacts(
             backoff=bool(facts["backoff"]),
+            paused=bool(facts["paused"]),
             running=int(facts["running"]),
             mine_running=int(facts["mine_running"]),
             ahead=int(facts["ahead"]),

@@ -41,6 +41,8 @@ def _owner_under_limit(ending: str | None = None) -> str:
 
 
 OWNER_UNDER_LIMIT = _owner_under_limit()
+# The row's type is paused by an operator (evaluated on `tasks` rows: claim, relay, publisher).
+TYPE_PAUSED = "EXISTS (SELECT 1 FROM paused_types p WHERE p.task_type = tasks.task_type)"
 # A slot row held for a task that is not running under the slot's token.
 ORPHAN_SLOT = """s.task_id IS NOT NULL AND NOT EXISTS (
     SELECT 1 FROM tasks t WHERE t.id = s.task_id AND t.status = 'running' AND t.attempt_token = s.token)"""
@@ -84,7 +86,8 @@ def free_slot(ending: str) -> str:
 
 
 def _due_ctes(freed: str = "0", *, ending: str | None = None, republish: bool = False) -> str:
-    """`budget` and `due`: the oldest runnable pending tasks capacity can take now (see take_due),
+    """`budget` and `due`: the runnable pending tasks capacity can take now, higher priority first,
+    then older (see take_due),
     locked for stamping. ``freed``: slots this same statement gives back, which its snapshot still
     sees as held; ``ending``: the CTE of the task(s) it ends, which its snapshot still sees running
     for their owner. Without ``republish`` only tasks with no message in flight are due (the relay's
@@ -105,11 +108,12 @@ def _due_ctes(freed: str = "0", *, ending: str | None = None, republish: bool = 
         SELECT id FROM tasks
         WHERE status = 'pending' AND cancel_requested_at IS NULL
           AND (not_before IS NULL OR not_before <= {NOW})
+          AND NOT {TYPE_PAUSED}
           AND {unsent}
           AND (task_type, handler_version) IN (
               SELECT * FROM unnest(CAST(:types AS text[]), CAST(:versions AS int[])))
           AND {_owner_under_limit(ending)}
-        ORDER BY created_at, id
+        ORDER BY priority DESC, created_at, id
         LIMIT least(CAST(:limit AS int), greatest(0, (SELECT n FROM budget)))
         FOR UPDATE SKIP LOCKED)"""
 
@@ -117,7 +121,8 @@ def _due_ctes(freed: str = "0", *, ending: str | None = None, republish: bool = 
 # ---------------------------------------------------------------- claim
 
 # The claim, in one statement: a free slot below the capacity (skipping slots other claimers hold),
-# the task marked running under the new token only if it is still pending, wanted, due and of a
+# the task marked running under the new token only if it is still pending, wanted, due, of a type
+# not paused, and of a
 # runnable type and version (and, on the locked path, under its type's cap and owner's limit), the
 # slot taken, the attempt recorded. No slot, or no longer pending: nothing changes. A claim of a
 # task that is not pending (a late or duplicate message) locks no slot at all: locked, that slot
@@ -134,6 +139,7 @@ CLAIM_SQL = Statement(
                started_at = coalesce(started_at, {NOW}), not_before = NULL
         WHERE id = :id AND status = 'pending' AND cancel_requested_at IS NULL
           AND (not_before IS NULL OR not_before <= {NOW})
+          AND NOT {TYPE_PAUSED}
           AND (task_type, handler_version) IN (
               SELECT * FROM unnest(CAST(:types AS text[]), CAST(:versions AS int[])))
           AND EXISTS (SELECT 1 FROM slot)
@@ -170,7 +176,8 @@ REFUSAL_SQL = Statement(
     f"""WITH marked AS (
                             {_UNPUBLISH} AND cancel_requested_at IS NULL RETURNING id)
                         SELECT status, cancel_requested_at IS NOT NULL AS cancel, task_type, handler_version,
-                               not_before > {NOW} AS backoff, NOT {OWNER_UNDER_LIMIT} AS owner_full,
+                               not_before > {NOW} AS backoff, {TYPE_PAUSED} AS paused,
+                               NOT {OWNER_UNDER_LIMIT} AS owner_full,
                                NOT EXISTS (SELECT 1 FROM task_slots WHERE slot < :cap AND task_id IS NULL)
                                  AS full,
                                (SELECT count(*) FROM task_slots WHERE slot < :cap) < :cap AS missing,
@@ -219,10 +226,10 @@ FINISH_SQL = Statement(
     relayed AS (
         UPDATE tasks t SET last_published_at = {NOW}, publish_error = NULL
         FROM due WHERE t.id = due.id AND EXISTS (SELECT 1 FROM done)
-        RETURNING t.id, t.created_at, t.task_type)
+        RETURNING t.id, t.priority, t.created_at, t.task_type)
     SELECT done.*,
-        (SELECT array_agg(id ORDER BY created_at, id) FROM relayed) AS relay_ids,
-        (SELECT array_agg(task_type ORDER BY created_at, id) FROM relayed) AS relay_types
+        (SELECT array_agg(id ORDER BY priority DESC, created_at, id) FROM relayed) AS relay_ids,
+        (SELECT array_agg(task_type ORDER BY priority DESC, created_at, id) FROM relayed) AS relay_types
     FROM done"""
 )
 
@@ -257,7 +264,7 @@ SET_ERROR_SQL = Statement("UPDATE tasks SET error = CAST(:error AS jsonb) WHERE 
 # what was sent long ago), in one statement each (see take_due).
 _STAMP_DUE = f"""UPDATE tasks t SET last_published_at = {NOW}, publish_error = NULL
     FROM due WHERE t.id = due.id
-    RETURNING t.id, t.created_at, t.task_type"""
+    RETURNING t.id, t.priority, t.created_at, t.task_type"""
 RELAY_DUE_SQL = Statement(f"WITH {_due_ctes()}\n    {_STAMP_DUE}")
 PUBLISH_DUE_SQL = Statement(f"WITH {_due_ctes(republish=True)}\n    {_STAMP_DUE}")
 # A submission's insert (one row, or many in order); a held dedupe key inserts nothing, and the
@@ -265,20 +272,32 @@ PUBLISH_DUE_SQL = Statement(f"WITH {_due_ctes(republish=True)}\n    {_STAMP_DUE}
 _ON_HELD_KEY = f"""ON CONFLICT (owner, task_type, dedupe_key)
         WHERE status IN {ACTIVE_SQL} AND dedupe_key IS NOT NULL
     DO NOTHING RETURNING *"""
+# The instant a submission asks for: run_at as given, or PostgreSQL's now + delay_seconds; NULL
+# (neither): claimable at once. It is also the row's not_before, which the claim and due tests read.
+def _run_at(at: str, delay: str) -> str:
+    return f"coalesce(CAST({at} AS timestamptz), {NOW} + make_interval(secs => CAST({delay} AS float8)))"
+
+
 INSERT_SQL = Statement(
     f"""INSERT INTO tasks (id, task_type, handler_version, payload, owner, status, dedupe_key,
-                       timeout_seconds, created_at)
-    VALUES (:id, :tt, :hv, CAST(:payload AS jsonb), :owner, 'pending', :dk, :timeout, {NOW})
+                       timeout_seconds, created_at, run_at, not_before, priority, retry_of)
+    SELECT :id, :tt, :hv, CAST(:payload AS jsonb), :owner, 'pending', :dk, :timeout, {NOW}, at, at, :prio,
+           :retry_of
+    FROM (SELECT {_run_at(":run_at", ":delay")} AS at) scheduled
     {_ON_HELD_KEY}"""
 )
 INSERT_MANY_SQL = Statement(
     f"""INSERT INTO tasks (id, task_type, handler_version, payload, owner, status, dedupe_key,
-                       timeout_seconds, created_at)
-    SELECT id, task_type, hv, CAST(payload AS jsonb), owner, 'pending', key, timeout, {NOW}
+                       timeout_seconds, created_at, run_at, not_before, priority, retry_of)
+    SELECT id, task_type, hv, CAST(payload AS jsonb), owner, 'pending', key, timeout, {NOW},
+           scheduled.at, scheduled.at, prio, retry_of
     FROM unnest(CAST(:ids AS uuid[]), CAST(:types AS text[]), CAST(:versions AS int[]),
                 CAST(:payloads AS text[]), CAST(:owners AS text[]), CAST(:keys AS text[]),
-                CAST(:timeouts AS float8[]))
-         WITH ORDINALITY AS n(id, task_type, hv, payload, owner, key, timeout, ord)
+                CAST(:timeouts AS float8[]), CAST(:run_ats AS timestamptz[]), CAST(:delays AS float8[]),
+                CAST(:prios AS int[]), CAST(:retry_ofs AS uuid[]))
+         WITH ORDINALITY AS n(id, task_type, hv, payload, owner, key, timeout, run_at, delay, prio, retry_of,
+                              ord)
+    CROSS JOIN LATERAL (SELECT {_run_at("n.run_at", "n.delay")} AS at) scheduled
     ORDER BY ord
     {_ON_HELD_KEY}"""
 )
@@ -313,6 +332,14 @@ OWNER_QUOTA_LOCK_SQL = Statement(
 OWNER_PENDING_SQL = Statement(
     """SELECT count(*) FROM (SELECT 1 FROM tasks WHERE status = 'pending'
                         AND owner = :owner LIMIT :limit) mine"""
+)
+# A retry by hand: the tasks it retries, locked (in id order, so two bulk retries never deadlock),
+# and the link from each to its retry, set only where none is (a task is retried at most once).
+LOCK_FOR_RETRY_SQL = Statement(
+    "SELECT * FROM tasks WHERE id = ANY(CAST(:ids AS uuid[])) ORDER BY id FOR UPDATE"
+)
+MARK_RETRIED_SQL = Statement(
+    "UPDATE tasks SET retried_by = :new WHERE id = :id AND retried_by IS NULL RETURNING id"
 )
 MARK_PUBLISH_FAILED_SQL = Statement(
     """UPDATE tasks SET publish_error = :err, last_published_at = NULL
@@ -378,6 +405,15 @@ UNRUNNABLE_PENDING_SQL = Statement(
                         LIMIT :batch FOR UPDATE SKIP LOCKED"""
 )
 
+# ---------------------------------------------------------------- paused types
+
+PAUSE_TYPE_SQL = Statement(
+    f"""INSERT INTO paused_types (task_type, paused_by, paused_at) VALUES (:tt, :by, {NOW})
+                      ON CONFLICT (task_type) DO NOTHING"""
+)
+RESUME_TYPE_SQL = Statement("DELETE FROM paused_types WHERE task_type = :tt RETURNING task_type")
+PAUSED_TYPES_SQL = Statement("SELECT * FROM paused_types ORDER BY task_type")
+
 # ---------------------------------------------------------------- reads
 
 GET_SQL = Statement("SELECT * FROM tasks WHERE id = :id")
@@ -413,6 +449,7 @@ def waiting_facts_sql(ownerless: bool) -> str:
     (0.61 vs 0.36 ms)."""
     same_owner = "owner IS NULL" if ownerless else "owner = :owner"
     return f"""SELECT CAST(:nb AS timestamptz) > {NOW} AS backoff,
+        EXISTS (SELECT 1 FROM paused_types WHERE task_type = :tt) AS paused,
         (SELECT count(*) FROM tasks WHERE status = 'running') AS running,
         (SELECT count(*) FROM tasks WHERE status = 'running' AND {same_owner}) AS mine_running,
         (SELECT count(*) FROM (SELECT 1 FROM tasks WHERE status = 'pending' AND {same_owner}

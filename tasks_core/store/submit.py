@@ -39,6 +39,10 @@ class Submit(StoreBase):
                             owner=new.owner,
                             dk=new.dedupe_key,
                             timeout=new.timeout_seconds,
+                            run_at=new.run_at,
+                            delay=new.delay_seconds,
+                            prio=new.priority,
+                            retry_of=new.retry_of,
                         ),
                     )
                 )
@@ -74,6 +78,10 @@ class Submit(StoreBase):
             "owners": [n.owner for n in news],
             "keys": [n.dedupe_key for n in news],
             "timeouts": [n.timeout_seconds for n in news],
+            "run_ats": [n.run_at for n in news],
+            "delays": [n.delay_seconds for n in news],
+            "prios": [n.priority for n in news],
+            "retry_ofs": [n.retry_of for n in news],
         }
         inserted = await run(conn, sql.INSERT_MANY_SQL, self._p(**columns))
         stored = {row["id"]: dict(row) for row in inserted.mappings()}
@@ -114,6 +122,15 @@ class Submit(StoreBase):
             {"ids": json.dumps(ids), "resp": json.dumps(response), "owner": owner, "key": key},
         )
 
+    async def lock_for_retry(self, conn: AsyncConnection, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Row]:
+        """The tasks ``ids`` that exist, locked until the caller's transaction ends."""
+        rows = (await run(conn, sql.LOCK_FOR_RETRY_SQL, {"ids": list(ids)})).mappings()
+        return {row["id"]: dict(row) for row in rows}
+
+    async def mark_retried(self, conn: AsyncConnection, task_id: uuid.UUID, new: uuid.UUID) -> bool:
+        """Link ``task_id`` to its retry ``new``; False if it already has one."""
+        return (await run(conn, sql.MARK_RETRIED_SQL, {"id": task_id, "new": new})).first() is not None
+
     async def owner_pending(self, conn: AsyncConnection, owner: str, limit: int) -> int:
         """The owner's pending tasks (counted up to ``limit``), holding the owner's quota lock until
         the caller's transaction ends, so concurrent submissions of one owner cannot overshoot."""
@@ -141,8 +158,8 @@ class Submit(StoreBase):
         owner_max_running: int | None = None,
         conn: AsyncConnection | None = None,
     ) -> list[tuple[uuid.UUID, str]]:
-        """The oldest runnable pending tasks the cluster can take now (id, type), stamped as
-        published.
+        """The runnable pending tasks the cluster can take now (id, type), higher priority first,
+        then older, stamped as published.
 
         The budget is what capacity can take: ``capacity + ahead`` minus the tasks running and
         minus the messages in flight (pending tasks published within ``window``), so a thousand
@@ -168,5 +185,5 @@ class Submit(StoreBase):
             rows = await self._fetch(statement, params)
         else:
             rows = [dict(r) for r in (await run(conn, statement, params)).mappings()]
-        due = sorted(rows, key=lambda r: (r["created_at"], r["id"]))
+        due = sorted(rows, key=lambda r: (-r["priority"], r["created_at"], r["id"]))
         return [(r["id"], r["task_type"]) for r in due]

@@ -9,7 +9,7 @@ import json
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -21,29 +21,11 @@ from tasks_core import metrics as runtime_metrics
 from tasks_core.duties.readiness import READINESS_KEY, write_readiness
 from tasks_core.services import build_services
 from tests.conftest import make_settings
+from tests.integration.conftest import KEYS
 
-KEYS = "alice:alice-secret-0123456,bob:bob-secret-01234567,root:root-secret-0123456:admin"
 ALICE = {"Authorization": "Bearer alice-secret-0123456"}
 BOB = {"Authorization": "Bearer bob-secret-01234567"}
 ROOT = {"Authorization": "Bearer root-secret-0123456"}
-
-
-@pytest.fixture
-async def svc(clean_db: None) -> AsyncIterator[Any]:
-    services = build_services(
-        # Every key may submit the diagnostics types here; their default policy is tested apart.
-        make_settings(api_keys=KEYS, max_payload_bytes=2048, max_request_bytes=200_000, diagnostics="all"),
-        pool_size=5,
-    )
-    yield services
-    await services.close()
-
-
-@pytest.fixture
-async def client(svc: Any) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(services=svc)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
-        yield c
 
 
 async def post_task(
@@ -468,3 +450,26 @@ async def test_openapi_documents_auth_every_route_and_every_field(client: httpx.
             continue
         for field, spec in schema["properties"].items():
             assert spec.get("description"), f"{name}.{field} has no description"
+
+
+async def test_http_submission_takes_and_shows_run_at_delay_and_priority(client: httpx.AsyncClient) -> None:
+    later = {"task_type": "diagnostics.noop", "delay_seconds": 3600, "priority": 9}
+    r = await client.post("/tasks", headers=ALICE, json=later)
+    assert r.status_code == 202, r.text
+    task = r.json()
+    assert task["priority"] == 9 and task["run_at"] and task["waiting_reason"].startswith("scheduled for ")
+    got = (await client.get(f"/tasks/{task['id']}", headers=ALICE)).json()
+    assert got["run_at"] == task["run_at"] and got["waiting_reason"] == f"scheduled for {task['run_at']}"
+
+    both = {"task_type": "diagnostics.noop", "run_at": "2030-01-01T00:00:00Z", "delay_seconds": 1}
+    for body in (both, {"task_type": "diagnostics.noop", "run_at": "2030-01-01T00:00:00"},
+                 {"task_type": "diagnostics.noop", "priority": 500}):  # fmt: skip
+        r = await client.post("/tasks", json=body, headers=ALICE)
+        assert r.status_code == 422, r.text
+    batch = {"tasks": [{"task_type": "diagnostics.noop", "priority": 3},
+                       {"task_type": "diagnostics.noop", "run_at": "2030-01-01T00:00:00Z"}]}  # fmt: skip
+    r = await client.post("/tasks/batch", json=batch, headers=ALICE)
+    assert r.status_code == 202, r.text
+    tasks = [e["task"] for e in r.json()["results"]]
+    assert tasks[0]["priority"] == 3 and tasks[1]["run_at"] == "2030-01-01T00:00:00Z"
+    assert tasks[1]["waiting_reason"] == "scheduled for 2030-01-01T00:00:00Z"

@@ -162,10 +162,23 @@ async def test_a_clean_history_with_a_retry_and_a_reused_key_passes(history: His
 
     report = await history.verdict()
 
-    assert counts(report) == {**{f"I{i}": 0 for i in range(1, 8)}, "restart": 0}, report.table()
+    clean = {**{f"I{i}": 0 for i in range(1, 8)}, "schedule": 0, "restart": 0}
+    assert counts(report) == clean, report.table()
     assert report.fencing_exercised and report.ok, report.table()
     assert report.summary["retried_tasks"] == 1 and report.summary["effects"] == 5
     assert "PASS" in report.table()
+
+
+async def test_an_attempt_claimed_before_its_run_at_is_found(history: History) -> None:
+    early, on_time = await history.done(0, 1, 5), await history.done(0, 3, 6)
+    schedule_at = text("UPDATE tasks SET run_at = :at WHERE id = :id")
+    async with history.engine.begin() as conn:
+        await conn.execute(schedule_at, {"at": history.at(2), "id": early})  # claimed at 1: too early
+        await conn.execute(schedule_at, {"at": history.at(3), "id": on_time})
+    report = await history.verdict()
+    [schedule] = [f for f in report.findings if f.invariant == "schedule"]
+    assert schedule.count == 1 and schedule.examples[0]["task_id"] == early, schedule
+    assert not report.ok
 
 
 async def test_overlapping_attempts_of_one_task_violate_i1(history: History) -> None:

@@ -82,6 +82,10 @@ def test_submit_show_list_cancel_prune(fresh: None) -> None:
         (("submit", "diagnostics.noop", "--payload", "[1]"), 2),
         (("submit", "diagnostics.noop", "--payload", "{not json"), 2),
         (("submit", "diagnostics.noop", "--timeout", "inf"), 2),
+        (("submit", "diagnostics.noop", "--delay", "5", "--run-at", "2030-01-01T00:00:00Z"), 2),
+        (("submit", "diagnostics.noop", "--run-at", "2030-01-01T00:00:00"), 2),
+        (("submit", "diagnostics.noop", "--delay", "nan"), 2),
+        (("submit", "diagnostics.noop", "--priority", "101"), 2),
         (("show", "not-a-uuid"), 2),
         (("show", str(uuid.uuid4())), 4),
         (("cancel", str(uuid.uuid4())), 4),
@@ -216,6 +220,29 @@ def test_list_rejects_an_unknown_status_naming_the_valid_ones(fresh: None) -> No
     assert result.exit_code == 2
     for status in ("pending", "running", "success", "failed", "cancelled"):
         assert status in result.stderr
+
+
+def test_submit_later_and_first(fresh: None) -> None:
+    task_id = dtask("submit", "diagnostics.noop", "--delay", "3600", "--priority", "7").stdout.split()[-1]
+    shown = json.loads(dtask("show", task_id, "--json").stdout)
+    assert shown["priority"] == 7 and shown["waiting_reason"] == f"scheduled for {shown['run_at']}"
+    at = dtask("submit", "diagnostics.noop", "--run-at", "2030-01-02T03:04:05+02:00").stdout.split()[-1]
+    assert json.loads(dtask("show", at, "--json").stdout)["run_at"] == "2030-01-02T01:04:05Z"
+
+
+def test_retry_submits_a_cancelled_task_again_once(fresh: None) -> None:
+    old = dtask("submit", "diagnostics.noop", "--priority", "3").stdout.split()[-1]
+    assert dtask("cancel", old).exit_code == 0
+    retried = dtask("retry", old)
+    assert retried.exit_code == 0, retried.output
+    first, new = retried.stdout.split()
+    assert first == old
+    shown = json.loads(dtask("show", new, "--json").stdout)
+    assert (shown["retry_of"], shown["priority"], shown["status"]) == (old, 3, "pending")
+    again = dtask("retry", old)
+    assert again.exit_code == 1 and f"already retried ({new})" in again.output
+    assert dtask("retry", str(uuid.uuid4())).exit_code == 4
+    assert dtask("retry", "nope").exit_code == 2
 
 
 def test_list_has_a_header_row(fresh: None) -> None:

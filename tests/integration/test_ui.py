@@ -416,7 +416,10 @@ async def test_a_key_sees_only_its_own_tasks_and_admin_sees_all(svc: Any, browse
     csrf = await csrf_of(bob)
     assert (await bob.post(f"/ui/tasks/{alices}/cancel", data={"csrf": csrf})).status_code == 404
     assert (await bob.post(f"/ui/tasks/{alices}/delete", data={"csrf": csrf})).status_code == 404
+    assert (await bob.post(f"/ui/tasks/{alices}/retry", data={"csrf": csrf})).status_code == 404
+    await bob.post("/ui/tasks/retry", data={"csrf": csrf, "ids": [str(alices)]})  # skipped: not bob's
     assert (await svc.repo.get(alices))["status"] == "pending"
+    assert (await svc.repo.summary())["total"] == 7
     root = await browser("root")
     everything = await root.get("/ui")
     assert len(rows(everything)) == 7 and "<th>Owner</th>" in everything.text
@@ -431,7 +434,7 @@ async def test_forms_without_the_session_token_are_refused(svc: Any, browser: An
     alice, bob = await browser("alice"), await browser("bob")
     right, bobs = await csrf_of(alice), await csrf_of(bob)
     assert right != bobs
-    for action in ("cancel", "delete"):
+    for action in ("cancel", "delete", "retry"):
         for data, headers in (
             ({}, {}),  # no token
             ({"csrf": "0" * 64}, {}),  # a wrong one
@@ -478,6 +481,62 @@ async def test_cancel_and_delete_follow_the_api_rules(svc: Any, browser: Any) ->
     assert r.headers["location"] == "/ui?notice=deleted" and await svc.repo.get(running) is None
     assert (await client.post(f"/ui/tasks/{running}/delete", data={"csrf": csrf})).status_code == 404
     assert (await client.post("/ui/tasks/not-a-uuid/delete", data={"csrf": csrf})).status_code == 422
+
+
+async def test_retry_makes_a_new_task_once_and_the_list_retries_the_failed_ones(
+    svc: Any, browser: Any
+) -> None:
+    client = await browser("alice")
+    csrf = await csrf_of(client)
+    failed = []
+    for _ in range(3):
+        tid = await submit(svc.repo, "diagnostics.fail", {}, owner="alice")
+        got = await claim(svc.repo, svc.registry, tid)
+        error = {"code": "handler_error", "message": "RuntimeError: boom"}
+        await svc.repo.finish(tid, got.token, svc.registry, status=Status.FAILED, error=error)
+        failed.append(tid)
+    page = await client.get(f"/ui/tasks/{failed[0]}")
+    assert ">Retry</button>" in page.text
+    r = await client.post(f"/ui/tasks/{failed[0]}/retry", data={"csrf": csrf})
+    new = (await svc.repo.get(failed[0]))["retried_by"]
+    assert r.status_code == 303 and r.headers["location"] == f"/ui/tasks/{new}?notice=retried"
+    page = await client.get(r.headers["location"])
+    assert "Retried: this is the new task." in page.text and f'href="/ui/tasks/{failed[0]}"' in page.text
+    again = await client.post(f"/ui/tasks/{failed[0]}/retry", data={"csrf": csrf})
+    assert again.headers["location"] == f"/ui/tasks/{failed[0]}?notice=not_retried"
+    assert ">Retry</button>" not in (await client.get(f"/ui/tasks/{failed[0]}")).text
+
+    listing = await client.get("/ui?status=failed")
+    assert "Retry the 2 failed tasks shown" in listing.text  # the one retried already is not offered
+    ids = re.findall(r'name="ids" value="([0-9a-f-]+)"', listing.text)
+    assert sorted(ids) == sorted(str(t) for t in failed[1:])
+    r = await client.post("/ui/tasks/retry", data={"csrf": csrf, "ids": ids})
+    assert r.status_code == 303 and r.headers["location"] == "/ui?status=failed&notice=retried_many"
+    assert all([(await svc.repo.get(t))["retried_by"] for t in failed])
+    assert (await svc.repo.summary())["by_status"]["pending"] == 3
+
+
+async def test_an_admin_pauses_and_resumes_a_type_from_its_list(svc: Any, browser: Any) -> None:
+    tid = await submit(svc.repo, "diagnostics.noop", {}, owner="alice")
+    root, alice = await browser("root"), await browser("alice")
+    listing = await root.get("/ui?task_type=diagnostics.noop")
+    assert ">Pause diagnostics.noop</button>" in listing.text
+    assert ">Pause" not in (await alice.get("/ui?task_type=diagnostics.noop")).text  # admin only
+    assert ">Pause" not in (await root.get("/ui?task_type=demo.0")).text  # not a type this runs
+    refused = await alice.post("/ui/task-types/diagnostics.noop/pause", data={"csrf": await csrf_of(alice)})
+    assert refused.status_code == 403 and await svc.repo.paused_types() == []
+    assert (await root.post("/ui/task-types/diagnostics.noop/pause", data={})).status_code == 403  # no token
+    csrf = await csrf_of(root)
+    r = await root.post("/ui/task-types/diagnostics.noop/pause", data={"csrf": csrf})
+    assert r.status_code == 303 and r.headers["location"] == "/ui?task_type=diagnostics.noop&notice=paused"
+    page = await root.get(r.headers["location"])
+    assert "Paused: its pending tasks wait" in page.text and ">Resume diagnostics.noop</button>" in page.text
+    assert 'data-paused="diagnostics.noop"' in (await alice.get("/ui")).text  # everyone sees why they wait
+    assert "type paused" in (await alice.get(f"/ui/tasks/{tid}")).text
+    r = await root.post("/ui/task-types/diagnostics.noop/resume", data={"csrf": csrf})
+    assert r.headers["location"] == "/ui?task_type=diagnostics.noop&notice=resumed"
+    assert await svc.repo.paused_types() == []
+    assert (await root.post("/ui/task-types/no.such/pause", data={"csrf": csrf})).status_code == 404
 
 
 async def test_task_page_shows_payload_result_error_and_attempts(svc: Any, browser: Any) -> None:

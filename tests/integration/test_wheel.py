@@ -101,7 +101,8 @@ def test_the_wheel_carries_every_domains_templates_and_migrations_and_the_apis_f
     wanted |= {"migrations/script.py.mako", "migrations/env.py"}
     wanted |= _checkout_files(ROOT / "migrations" / "versions")
     for domain in load_domains():
-        for directory in (domain.templates, domain.migrations, domain.root / "static"):
+        shipped = (domain.templates, domain.migrations, domain.root / "static", domain.root / "prompts")
+        for directory in shipped:
             if directory is not None and directory.is_dir():
                 wanted |= _checkout_files(directory)
     missing = sorted(wanted - inside)

@@ -33,7 +33,7 @@ def test_every_configuration_verifies() -> None:
     done = _check()
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [ln for ln in done.stdout.splitlines() if ln.startswith(("safety-", "live-"))]
-    assert len(rows) == 5 and all(" ok " in ln for ln in rows), done.stdout
+    assert len(rows) == 6 and all(" ok " in ln for ln in rows), done.stdout
 
 
 def test_every_mutant_is_caught() -> None:
@@ -41,4 +41,4 @@ def test_every_mutant_is_caught() -> None:
     done = _check("--mutants")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SURVIVED" not in done.stdout
-    assert done.stdout.count("caught") == 7, done.stdout
+    assert done.stdout.count("caught") == 9, done.stdout

@@ -52,7 +52,7 @@ async def test_seeded_fault_campaign_keeps_every_invariant() -> None:
     context = (f"seed {seed}; replay: {cfg.replay_command()}; logs in {result.workdir}\n{table}\n"
                f"{json.dumps(violations, indent=1, default=str)}")
 
-    assert report.counts() == {**{f"I{i}": 0 for i in range(1, 8)}, "restart": 0}, context
+    assert report.counts() == {**{f"I{i}": 0 for i in range(1, 8)}, "schedule": 0, "restart": 0}, context
     assert report.rejected_total > 0, "no late write was rejected: fencing was not exercised\n" + context
     assert report.ok, context
 
@@ -115,7 +115,7 @@ async def test_bounded_campaign_on_rabbitmq_keeps_every_invariant() -> None:
     # Every invariant holds. (Fencing is not required here: with two workers and a 15 s phase only
     # one owner pause may fit, and whether its late write reaches the database is chance; the Redis
     # campaign requires it.)
-    assert report.counts() == {**{f"I{i}": 0 for i in range(1, 8)}, "restart": 0}, context
+    assert report.counts() == {**{f"I{i}": 0 for i in range(1, 8)}, "schedule": 0, "restart": 0}, context
     # The vhost really went away under the cluster, and the cluster came back on its own. (An owner
     # pause is skipped when no worker owns a task at its moment: timing, not the broker, decides.)
     done = {e["kind"] for e in result.faults if not e["detail"].startswith(("skipped", "ERROR"))}

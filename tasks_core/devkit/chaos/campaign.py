@@ -468,7 +468,11 @@ class Campaign:
         i = tick = 0
         while i < len(workload):
             batch = workload[i : i + per_tick]
-            intents = [TaskIntent(p.task_type, p.payload, dedupe_key=p.dedupe_key) for p in batch]
+            intents = [
+                TaskIntent(p.task_type, p.payload, dedupe_key=p.dedupe_key, delay_seconds=p.delay_seconds,
+                           priority=p.priority)
+                for p in batch
+            ]  # fmt: skip
             # A batch whose COMMIT was sent but never answered (a database fault) may have been
             # stored: the retry carries the same key and gets the stored answer, never a copy.
             key = Idempotency(f"chaos-{self.cfg.seed}-{self._db_name}-{i}", f"batch-{i}-{len(batch)}")

@@ -248,7 +248,8 @@ async def load_snapshot(engine: AsyncEngine) -> Snapshot:
         return Snapshot(
             tasks=await rows(
                 """SELECT id, task_type, status, dedupe_key, attempt_token, attempt_count, lease_expires_at,
-                          heartbeat_at, cancel_requested_at, error, created_at, started_at, finished_at
+                          heartbeat_at, cancel_requested_at, error, created_at, started_at, finished_at,
+                          run_at
                    FROM tasks"""
             ),
             attempts=await rows(
@@ -482,6 +483,23 @@ def _outage_note(obs: Observations) -> str:
         return ""
     return (f"; deadlines moved past {len(obs.outages)} transport and {len(obs.postgres_outages)} "
             "PostgreSQL outage(s), which recovery has to wait out")
+
+
+def check_schedule(snap: Snapshot) -> Finding:
+    """No attempt was claimed before the instant its task was submitted for (run_at)."""
+    run_at = {t["id"]: t.get("run_at") for t in snap.tasks}
+    scheduled = [a for a in snap.attempts if run_at.get(a["task_id"]) is not None]
+    early = [
+        {"task_id": a["task_id"], "attempt": a["attempt"], "claimed_at": a["claimed_at"],
+         "run_at": run_at[a["task_id"]]}
+        for a in scheduled if a["claimed_at"] < run_at[a["task_id"]]
+    ]  # fmt: skip
+    return Finding(
+        "schedule", "attempts claimed before their task's run_at", len(early),
+        f"{len(scheduled)} attempts of {sum(1 for v in run_at.values() if v is not None)} scheduled tasks",
+        {"early": len(early), "scheduled_attempts": len(scheduled)},
+        early[:EXAMPLES],
+    )
 
 
 def check_i4(snap: Snapshot) -> Finding:
@@ -756,6 +774,7 @@ def check(snap: Snapshot, obs: Observations, bounds: Bounds) -> Report:
         check_i6(snap),
         check_i7(snap, obs),
         check_restart_survival(snap, obs, bounds),
+        check_schedule(snap),
     ]
     return Report(findings, dict(obs.rejected_writes), obs.lease_lost_log_lines, summarize(snap))
 

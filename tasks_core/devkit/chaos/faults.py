@@ -199,6 +199,9 @@ class TaskPlan:
     task_type: str
     payload: dict[str, Any]
     dedupe_key: str | None = None
+    # Some tasks run later, and ahead of or behind the others: claimability under faults too.
+    delay_seconds: float | None = None
+    priority: int = 0
 
 
 def build_workload(seed: int, n: int) -> list[TaskPlan]:
@@ -219,6 +222,8 @@ def build_workload(seed: int, n: int) -> list[TaskPlan]:
         else:  # a few keys, reused all campaign long: actives collide, finished ones free their key
             task_type = rng.choice(("diagnostics.sleep", "diagnostics.sleep_retry_safe"))
             plans.append(TaskPlan(task_type, sleep, dedupe_key=f"chaos-key-{rng.randrange(4)}"))
+        later = round(rng.uniform(0.5, 6.0), 2) if rng.random() < 0.2 else None
+        plans[-1] = dataclasses.replace(plans[-1], delay_seconds=later, priority=rng.choice((-5, 0, 0, 0, 5)))
     return plans
 
 
