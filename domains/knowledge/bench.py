@@ -99,6 +99,8 @@ class IngestOptions(CommonOptions):
     beside_hostile: bool = False
     # Base sizes to compare (files already indexed when the batch is uploaded); empty: a fresh base.
     base_sizes: tuple[int, ...] = ()
+    # DTASK_EMBEDDER of the api and the worker; given, the model's share is reported (bench_model).
+    embedder: str | None = None
 
 
 QUICK = {
@@ -132,6 +134,8 @@ def run(opts: IngestOptions) -> dict[str, Any]:
         raise ValueError("--files and --batch must be positive and --size at least 16 bytes")
     if opts.base_sizes and (opts.beside_hostile or min(opts.base_sizes) < 0):
         raise ValueError("--base-size takes sizes of 0 or more, and not with --beside-hostile")
+    if opts.embedder and (opts.beside_hostile or opts.base_sizes):
+        raise ValueError("--embedder goes with the plain ingest, not with --beside-hostile or --base-size")
     return asyncio.run(_run(opts, opts.files))
 
 
@@ -148,6 +152,7 @@ class _Stack:
 
 
 async def _run(opts: IngestOptions, files: int) -> dict[str, Any]:
+    from domains.knowledge import bench_model as model
     from domains.knowledge import bench_scaling as scaling
     from domains.knowledge.stores import StoreConfig
     from tasks_core.devkit.embedded_stores import EmbeddedMilvus, EmbeddedS3
@@ -162,6 +167,8 @@ async def _run(opts: IngestOptions, files: int) -> dict[str, Any]:
             db_url = await env.create_database("knowledge")
             secret, hostile_secret = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
             settings = env.dtask_settings(db_url, capacity=opts.capacity, worker_concurrency=opts.concurrency)
+            if opts.embedder:
+                settings["DTASK_EMBEDDER"] = opts.embedder
             if opts.beside_hostile:
                 # Two tenants, under the per-owner running limit a deployment has by default (a
                 # bench of one tenant gets the whole capacity).
@@ -171,6 +178,8 @@ async def _run(opts: IngestOptions, files: int) -> dict[str, Any]:
             doc.settings.update(worker_env=worker_env, celery=env.celery_settings())
             keys = f"{B_KEY}:{secret}" + (f",{A_KEY}:{hostile_secret}" if opts.beside_hostile else "")
             settings.update(stores, DTASK_API_KEYS=keys)
+            if opts.embedder:  # the openai embedder's server (DTASK_EMBEDDING_*): passed, not recorded
+                settings.update(model.passed_environment())
             port = free_port()
             api = env.start_api(settings, port)
             worker = env.start_worker("worker", settings, concurrency=opts.concurrency)
@@ -197,6 +206,8 @@ async def _run(opts: IngestOptions, files: int) -> dict[str, Any]:
                             endpoint.secure, "dtask-bench", "hashing", 60.0,
                         )  # fmt: skip
                         await scaling.run(stack, doc, config, db_url, {"milvus": milvus.pid, "s3": s3.pid})
+                    elif opts.embedder:
+                        await model.run(stack, doc, worker.popen.pid, _ingest)
                     else:
                         await _ingest(stack, doc)
                 finally:

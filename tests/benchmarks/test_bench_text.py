@@ -31,7 +31,7 @@ def _english() -> str:
 def _chinese() -> str:
     sentences = [
         s
-        for p in sorted((ROOT / "tests" / "data" / "zh_corpus").glob("*.txt"))
+        for p in sorted((ROOT / "tests" / "data" / "zh_corpus" / "docs").glob("*.txt"))
         for s in re.findall(r"[^。！？\n]+[。！？]", p.read_text(encoding="utf-8"))  # noqa: RUF001
     ]
     rng = random.Random(7)

@@ -273,6 +273,9 @@ def knowledge_ingest(
         "--base-size", min=0,
         help="repeatable: the batch into a base pre-filled with N indexed files, per N, beside the plain "
              "pipeline (no task system)")] = None,
+    embedder: Annotated[str | None, typer.Option(
+        help="DTASK_EMBEDDER of the api and worker (the plain ingest only), e.g. sentence-transformers:PATH: "
+             "adds chunks/s and the model's share of the worker's CPU")] = None,
     concurrency: Concurrency = None,
     capacity: Capacity = None,
     quick: Quick = False, rounds: Rounds = None, out: Out = None, admin_url: AdminUrl = None,
@@ -289,7 +292,40 @@ def knowledge_ingest(
     workload = importlib.import_module(KNOWLEDGE_WORKLOAD)
     _execute(workload, workload.IngestOptions, quick, out, dict(
         files=files, size=size, batch=batch, beside_hostile=beside_hostile or None,
-        base_sizes=tuple(base_size) if base_size else None, concurrency=concurrency,
+        base_sizes=tuple(base_size) if base_size else None, embedder=embedder, concurrency=concurrency,
         capacity=capacity, rounds=rounds, admin_url=admin_url, redis_url=redis_url, redis_db=redis_db,
         flush_redis=flush_redis or None,
+    ))
+
+
+QUALITY_WORKLOAD = "domains.knowledge.bench_quality"
+
+
+@bench_app.command("knowledge-quality")
+def knowledge_quality(
+    embedder: Annotated[list[str] | None, typer.Option(
+        "--embedder",
+        help="a DTASK_EMBEDDER spec, repeatable: hashing, sentence-transformers:PATH, openai (its server "
+             "from the caller's DTASK_EMBEDDING_* variables), module:attribute (default: hashing)")] = None,
+    corpus: Annotated[list[Path] | None, typer.Option(
+        "--corpus",
+        help="a corpus directory (docs/, questions.jsonl), repeatable (default: tests/data/en_corpus)",
+    )] = None,
+    top_k: Annotated[int | None, _opt("hits asked per question (default 20)", 1)] = None,
+    concurrency: Annotated[int | None, _opt("worker pool processes (default 2)", 1)] = None,
+    capacity: Annotated[int | None, _opt("DTASK_CAPACITY of the worker (default 2)", 1)] = None,
+    quick: Quick = False, out: Out = None, admin_url: AdminUrl = None,
+    redis_url: RedisUrl = None, redis_db: RedisDb = None, flush_redis: FlushRedis = False,
+) -> None:
+    """MRR, hit@1 and hit@5 of each embedder on corpora with known answers, through the real system.
+
+    Per embedder, a `dtask api` and a worker run with DTASK_EMBEDDER set to it; each corpus is uploaded
+    over HTTP into a base, indexed into Milvus, and every question asked through the search route.
+    """
+    workload = importlib.import_module(QUALITY_WORKLOAD)
+    _execute(workload, workload.QualityOptions, quick, out, dict(
+        embedders=tuple(embedder) if embedder else None,
+        corpora=tuple(str(c) for c in corpus) if corpus else None, top_k=top_k,
+        concurrency=concurrency, capacity=capacity, admin_url=admin_url, redis_url=redis_url,
+        redis_db=redis_db, flush_redis=flush_redis or None,
     ))
