@@ -40,8 +40,11 @@ def pytest_configure(config: pytest.Config) -> None:
     name = f"dtask_test_{uuid.uuid4().hex[:12]}"
     db_url = create_database(admin, name)
     _cleanup.insert(0, lambda: _drop(admin, name))
-    # Our own DB index (1-15, never 0 which the machine's own users default to).
-    index = int(os.environ.get("DTASK_TEST_REDIS_DB", random.randint(1, 15)))
+    # Our own DB index (1-15, never 0 which the machine's own users default to); under
+    # `pytest -n N` each worker process (gw0, gw1, ...) takes the next one.
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    offset = int(worker[2:]) if worker.startswith("gw") else 0
+    index = (int(os.environ.get("DTASK_TEST_REDIS_DB", random.randint(1, 15))) + offset - 1) % 15 + 1
     broker = redis_base.rsplit("/", 1)[0] + f"/{index}"
     redis_sync.Redis.from_url(broker).flushdb()
     os.environ.update(
