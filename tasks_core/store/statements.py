@@ -89,9 +89,9 @@ def _due_ctes(freed: str = "0", *, ending: str | None = None, republish: bool = 
     """`budget` and `due`: the runnable pending tasks capacity can take now, higher priority first,
     then older (see take_due), locked for stamping. ``freed``: slots this same statement gives back,
     which its snapshot still sees as held; ``ending``: the CTE of the task(s) it ends, which its
-    snapshot still sees running for their owner. Without ``republish`` only tasks with no message in flight are due (the relay's
-    case, which ix_tasks_unpublished serves whatever the plan); with it also those published
-    longer than ``:after`` seconds ago (the publisher's)."""
+    snapshot still sees running for their owner. Without ``republish`` only tasks with no message
+    in flight are due (the relay's case, which ix_tasks_unpublished serves whatever the plan); with
+    it also those published longer than ``:after`` seconds ago (the publisher's)."""
     unsent = "last_published_at IS NULL"
     if republish:
         unsent = f"({unsent} OR last_published_at < {NOW} - make_interval(secs => :after))"
@@ -123,8 +123,9 @@ def _due_ctes(freed: str = "0", *, ending: str | None = None, republish: bool = 
 # the task marked running under the new token only if it is still pending, wanted, due, of a type
 # not paused and of a runnable type and version (and, on the locked path, under its type's cap and
 # owner's limit), the slot taken, the attempt recorded. No slot, or no longer pending: nothing
-# changes. A claim of a task that is not pending (a late or duplicate message) locks no slot at all: locked, that slot
-# would be skipped by a concurrent claim of a pending task, refused `capacity_full` with a slot free.
+# changes. A claim of a task that is not pending (a late or duplicate message) locks no slot at
+# all: locked, that slot would be skipped by a concurrent claim of a pending task, refused
+# `capacity_full` with a slot free.
 CLAIM_SQL = Statement(
     f"""WITH slot AS (
         SELECT slot FROM task_slots WHERE slot < :cap AND task_id IS NULL
