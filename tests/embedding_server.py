@@ -7,6 +7,7 @@ Every request is recorded (its texts, headers and time)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -42,10 +43,11 @@ class EmbeddingServer:
         self.port = _free_port()
         self.requests: list[Seen] = []
         self._script: list[Answer] = []
-        self._every: tuple[int, Answer] | None = None
+        self._every: list[tuple[int, Answer]] = []
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._connections: set[socket.socket] = set()
         self.dimension_override: int | None = None  # answer vectors of this size instead
         self.delay = 0.0  # seconds each request takes
         self.in_flight = self.most_in_flight = 0
@@ -64,6 +66,16 @@ class EmbeddingServer:
 
             def log_message(self, *args: Any) -> None:  # quiet
                 pass
+
+            def setup(self) -> None:
+                super().setup()
+                with outer._lock:
+                    outer._connections.add(self.connection)
+
+            def finish(self) -> None:
+                with outer._lock:
+                    outer._connections.discard(self.connection)
+                super().finish()
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", 0))
@@ -93,19 +105,25 @@ class EmbeddingServer:
         return self
 
     def stop(self) -> None:
-        """Fully down: the port refuses connections until ``start``."""
+        """Fully down until ``start``: the port refuses connections, and the kept-alive ones are cut."""
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+        with self._lock:
+            cut, self._connections = list(self._connections), set()
+        for conn in cut:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
 
     def fail_next(self, *answers: Answer) -> None:
         with self._lock:
             self._script.extend(answers)
 
     def fail_every(self, n: int, answer: Answer) -> None:
+        """Answer every n-th request so (the first rule that matches wins)."""
         with self._lock:
-            self._every = (n, answer)
+            self._every.append((n, answer))
 
     def ok_count(self) -> int:
         return sum(1 for r in self.requests if r.status == 200)
@@ -122,10 +140,11 @@ class EmbeddingServer:
         with self._lock:
             self.requests.append(seen)
             n = len(self.requests)
+            every = [answer for k, answer in self._every if n % k == 0]
             if self._script:
                 answer = self._script.pop(0)
-            elif self._every is not None and n % self._every[0] == 0:
-                answer = self._every[1]
+            elif every:
+                answer = every[0]
             else:
                 answer = self._vectors(path, body, texts)
         seen.status = answer.status
