@@ -16,7 +16,15 @@ from typing import Protocol, TypeGuard, runtime_checkable
 from domains.knowledge.hashing import DEFAULT_DIMENSION, HashingEmbedder
 from tasks_core.registry import import_path
 
-__all__ = ["DEFAULT_DIMENSION", "Embedder", "HashingEmbedder", "embed_texts", "is_embedder", "load_embedder"]
+__all__ = [
+    "DEFAULT_DIMENSION",
+    "Embedder",
+    "HashingEmbedder",
+    "embed_texts",
+    "is_embedder",
+    "load_embedder",
+    "mismatch",
+]
 
 
 @runtime_checkable
@@ -38,6 +46,26 @@ async def embed_texts(embedder: Embedder, texts: Sequence[str]) -> list[list[flo
         vectors: list[list[float]] = await aembed(texts)
         return vectors
     return await asyncio.to_thread(embedder.embed, texts)
+
+
+def mismatch(embedder: Embedder, built_with: str, dimension: int, who: str = "this process") -> str | None:
+    """One line saying why ``embedder`` cannot search or index a base built with ``built_with``
+    (``dimension``) and which setting fixes it; None when they match. Reading the dimension may
+    ask a network embedder's server (an ``EmbeddingUnavailable`` then)."""
+    if (embedder.name, embedder.dimension) == (built_with, dimension):
+        return None
+    if embedder.name == built_with:
+        fix = (
+            "the same model now gives vectors of another size: point it at the server the base was built with"
+        )
+    elif built_with.startswith("openai:"):
+        fix = f"set DTASK_EMBEDDER=openai and DTASK_EMBEDDING_MODEL={built_with.removeprefix('openai:')}"
+    else:
+        fix = "set DTASK_EMBEDDER to match"
+    return (
+        f"the base was built with embedder {built_with} ({dimension} dimensions); {who} embeds with "
+        f"{embedder.name} ({embedder.dimension} dimensions): {fix}"
+    )
 
 
 def is_embedder(value: object) -> TypeGuard[Embedder]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from domains.knowledge.embedding import embed_texts, load_embedder
+from domains.knowledge.embedding import embed_texts, load_embedder, mismatch
 from domains.knowledge.errors import StoreUnavailable
 from domains.knowledge.hashing import HashingEmbedder
 from domains.knowledge.model_settings import EmbeddingSettings
@@ -285,3 +285,17 @@ def test_bad_settings_are_refused_in_one_line(
         monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=expected):
         load_embedder("openai")
+
+
+def test_a_base_built_with_another_model_is_refused_in_one_line_naming_the_setting(
+    server: EmbeddingServer,
+) -> None:
+    embedder = client(server)
+    assert mismatch(embedder, f"openai:{server.model}", DIM) is None
+    assert mismatch(embedder, "openai:bge-small-en", 384, who="this worker") == (
+        "the base was built with embedder openai:bge-small-en (384 dimensions); this worker embeds with "
+        f"openai:{server.model} ({DIM} dimensions): set DTASK_EMBEDDER=openai and "
+        "DTASK_EMBEDDING_MODEL=bge-small-en"
+    )
+    assert str(mismatch(embedder, "hashing-1024", 1024)).endswith("set DTASK_EMBEDDER to match")
+    assert "another size" in str(mismatch(embedder, f"openai:{server.model}", 32))
