@@ -244,7 +244,7 @@ class OpenAIEmbedder:
             except httpx.TimeoutException as exc:
                 reason, why = (
                     "timeout",
-                    f"no answer within {self.settings.embedding_timeout_seconds:g} s ({exc!r})",
+                    f"no answer within {self.settings.embedding_timeout_seconds:g} s ({type(exc).__name__})",
                 )
             except httpx.TransportError as exc:
                 reason, why = "connection", f"{type(exc).__name__}: {exc}".rstrip(": ")
@@ -263,7 +263,8 @@ class OpenAIEmbedder:
             now = time.monotonic()
             first_failure = now if first_failure is None else first_failure
             retries += 1
-            wait = retry_after if retry_after is not None else self._backoff(retries)
+            # A Retry-After of 0 still gets a breath: the loop must not spin on a server saying "now".
+            wait = max(retry_after, 0.1) if retry_after is not None else self._backoff(retries)
             if now + wait > first_failure + budget:
                 EMBEDDING_FAILURES.labels(kind="unavailable").inc()
                 tried = (
