@@ -20,6 +20,8 @@ Failures are classified where they happen, inside the attempt:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import email.utils
 import json
 import math
@@ -132,13 +134,16 @@ class _OwnLoop:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pid = 0
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         with self._lock:
             if self._loop is None or self._pid != os.getpid():  # a forked child needs its own thread
                 self._loop, self._pid = asyncio.new_event_loop(), os.getpid()
                 threading.Thread(target=self._loop.run_forever, name="openai-embedder", daemon=True).start()
             loop = self._loop
-        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+        return asyncio.run_coroutine_threadsafe(coro, loop)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.submit(coro).result()
 
 
 class OpenAIEmbedder:
@@ -169,16 +174,25 @@ class OpenAIEmbedder:
         self._loops: WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = WeakKeyDictionary()
         self._own = _OwnLoop()
         self._rng = random.Random()
+        # Without a configured dimension the server is asked at once, in the embedder's own loop,
+        # so that by the time a caller on an event loop reads ``dimension`` (after reading and
+        # parsing a file) the answer is usually there and that loop is not held.
+        self._early_probe = None if self._dimension is not None else self._own.submit(self.probe(retry=False))
 
     # ------------------------------------------------------------------ the Embedder protocol
 
     @property
     def dimension(self) -> int:
-        """DTASK_EMBEDDING_DIMENSION, else what the server answered (asked once, with one text,
-        in the embedder's own loop: one request, no retries, so a caller on an event loop is
-        held for at most one request timeout)."""
+        """DTASK_EMBEDDING_DIMENSION, else what the server answered (asked with one text in the
+        embedder's own loop when it was made, and again here if that failed: one request, no
+        retries, so a caller on an event loop is held for at most one request timeout)."""
         if self._dimension is None:
-            self._own.run(self.probe(retry=False))
+            early, self._early_probe = self._early_probe, None
+            if early is not None:
+                with contextlib.suppress(Exception):  # the server may be back: asked again below
+                    early.result()
+            if self._dimension is None:
+                self._own.run(self.probe(retry=False))
         assert self._dimension is not None
         return self._dimension
 
@@ -213,17 +227,24 @@ class OpenAIEmbedder:
 
     # ------------------------------------------------------------------ one request, retried
 
-    def _state(self) -> _LoopState:
+    async def _state(self) -> _LoopState:
         loop = asyncio.get_running_loop()
         state = self._loops.get(loop)
         if state is None:
             concurrency = self.settings.embedding_concurrency
-            client = httpx.AsyncClient(
+            # Built in a thread: loading the TLS trust store takes 0.1-0.3 s, too long to hold a
+            # worker's loop (every heartbeat of the process waits on it).
+            client = await asyncio.to_thread(
+                httpx.AsyncClient,
                 timeout=self.settings.embedding_timeout_seconds,
                 headers=self._headers,
                 limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
             )
-            state = self._loops[loop] = _LoopState(client, asyncio.Semaphore(concurrency))
+            state = self._loops.get(loop)  # another call may have built one meanwhile
+            if state is None:
+                state = self._loops[loop] = _LoopState(client, asyncio.Semaphore(concurrency))
+            else:
+                await client.aclose()
         return state
 
     def _backoff(self, retry: int) -> float:
@@ -231,7 +252,7 @@ class OpenAIEmbedder:
         return full / 2 + self._rng.random() * full / 2  # equal jitter: retries do not arrive as one
 
     async def _request(self, texts: list[str], *, retry: bool = True) -> list[list[float]]:
-        state = self._state()
+        state = await self._state()
         body = {"model": self.model, "input": texts, "encoding_format": "float"}
         budget = self.settings.embedding_retry_seconds if retry else 0.0
         first_failure: float | None = None

@@ -13,6 +13,7 @@ import pytest
 
 from domains.knowledge import stores
 from domains.knowledge.cache import PerProcess
+from tasks_core.worker.runtime import run_task
 from tests.embedding_server import Answer, EmbeddingServer
 from tests.knowledge_helpers import ALICE, create_base, file_row, knowledge_api, run_pending, upload
 
@@ -42,7 +43,9 @@ async def test_a_permanent_answer_ends_the_file_error_indexing_with_the_servers_
     async with knowledge_api() as (client, svc):
         base = await create_base(client)
         server.fail_next(Answer(400, body={"error": {"message": "input is too long: 9000 tokens > 512"}}))
-        [entry] = (await upload(client, base, [("long.txt", b"a long passage of words")])).json()["files"]
+        r = await upload(client, base, [("long.txt", b"a long passage of words")])
+        assert r.status_code == 202, r.text
+        [entry] = r.json()["files"]
         assert await run_pending(svc) == ["failed"]
         row = await file_row(svc, entry["id"])
         assert row["status"] == "error_indexing"
@@ -60,9 +63,9 @@ async def test_a_server_away_past_the_budget_sends_the_task_back_and_the_next_at
     async with knowledge_api(retry_backoff_seconds=0) as (client, svc):
         base = await create_base(client)
         server.stop()
-        [entry] = (await upload(client, base, [("note.txt", b"alpha beta gamma")])).json()["files"]
-        from tasks_core.worker.runtime import run_task
-
+        r = await upload(client, base, [("note.txt", b"alpha beta gamma")])
+        assert r.status_code == 202, r.text
+        [entry] = r.json()["files"]
         started = time.monotonic()
         await run_task(svc, entry["task_id"])
         assert time.monotonic() - started < 5  # the 1 s budget, not the 30 s request timeout

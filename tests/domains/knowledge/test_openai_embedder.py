@@ -205,9 +205,17 @@ async def test_requests_in_flight_are_bounded_by_the_concurrency_setting(server:
 
 
 def test_the_dimension_is_probed_once_with_one_text(server: EmbeddingServer) -> None:
-    embedder = client(server, embedding_dimension=None)
-    assert not server.requests  # loading does not ask the server
+    embedder = client(server, embedding_dimension=None)  # asks at once, in its own loop
     assert embedder.dimension == DIM
+    assert embedder.dimension == DIM
+    assert [len(r.texts) for r in server.requests] == [1]
+
+
+def test_a_probe_that_failed_while_the_server_was_away_is_asked_again(server: EmbeddingServer) -> None:
+    server.stop()
+    embedder = client(server, embedding_dimension=None)
+    time.sleep(0.3)  # the early probe meets a closed port
+    server.start()
     assert embedder.dimension == DIM
     assert [len(r.texts) for r in server.requests] == [1]
 
@@ -258,9 +266,11 @@ def test_load_embedder_openai_reads_the_settings_and_names_the_model(
     monkeypatch.setenv("DTASK_EMBEDDING_URL", server.url + "/")
     monkeypatch.setenv("DTASK_EMBEDDING_MODEL", server.model)
     monkeypatch.delenv("DTASK_EMBEDDING_DIMENSION", raising=False)
+    server.stop()
+    # The Embedder check does not read the (probing) dimension: loading works with the server away.
     embedder = load_embedder("openai")
     assert embedder.name == f"openai:{server.model}"
-    assert not server.requests  # the Embedder check does not read the (probing) dimension
+    server.start()
     assert embedder.dimension == DIM
 
 
