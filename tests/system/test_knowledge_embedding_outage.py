@@ -97,6 +97,8 @@ async def test_an_embedding_outage_mid_ingest_leaves_every_file_indexed_once(
         "DTASK_RETRY_BACKOFF_MAX_SECONDS": "4",
     }
     worker = cluster.start_worker(concurrency=CAPACITY + 2, **env)
+    # Beat publishes the handed-back tasks when their backoff ends (and reconciles a lapsed lease).
+    cluster.start_beat(**env)
     await cluster.wait_worker_ready(worker)
     async with knowledge_api(metrics_cache_seconds=0) as (client, svc):
         base = await create_base(client)
