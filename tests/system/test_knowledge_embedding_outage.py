@@ -18,6 +18,7 @@ from sqlalchemy import text
 
 from domains.knowledge import stores
 from domains.knowledge.cache import PerProcess
+from tasks_core import metrics
 from tests.embedding_server import Answer, EmbeddingServer
 from tests.knowledge_helpers import (
     ALICE,
@@ -181,17 +182,22 @@ async def test_an_embedding_outage_mid_ingest_leaves_every_file_indexed_once(
         assert handed_back >= 1
         assert await scalar(svc, "SELECT count(*) FROM tasks WHERE status = 'success'") == FILES
 
-        # The retries reach /metrics (each worker process flushes its counts to Redis each second).
+        # The worker's retries reach Redis (each worker process flushes its counts every second;
+        # read before any /metrics call, which would add this process's own), then /metrics.
         async def counted() -> tuple[dict[str, float], dict[str, float]] | None:
-            r = await client.get("/metrics", headers=ROOT)
-            assert r.status_code == 200, r.text
-            retries = _metric(r.text, "dtask_embedding_retries")
-            failures = _metric(r.text, "dtask_embedding_failures")
+            shared = [(*metrics.parse_field(f), v) for f, v in (await metrics.read(svc.redis)).items()]
+            retries = {labels["reason"]: v for name, labels, v in shared if name == "dtask_embedding_retries"}
+            failures = {labels["kind"]: v for name, labels, v in shared if name == "dtask_embedding_failures"}
             wanted = ("429", "503", "connection")
             return (retries, failures) if all(retries.get(k, 0) > 0 for k in wanted) else None
 
-        retries, failures = await wait_for(counted, within=10, interval=0.5, what="the retries at /metrics")
+        retries, failures = await wait_for(counted, within=10, interval=0.5, what="the worker's retries")
         assert failures.get("unavailable", 0) >= handed_back
+        assert "rejected" not in failures
+        r = await client.get("/metrics", headers=ROOT)
+        assert r.status_code == 200, r.text
+        rendered = _metric(r.text, "dtask_embedding_retries")
+        assert all(rendered.get(reason, 0) >= n for reason, n in retries.items()), (rendered, retries)
         hits = (
             await client.post(
                 f"/knowledge/bases/{base}/search", json={"query": "topic42 outage", "top_k": 1}, headers=ALICE
