@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections import defaultdict
 from typing import Any
 
@@ -16,10 +17,24 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from app.cache import TtlCache
 from tasks_core import metrics as runtime_metrics
+from tasks_core.domain import load_domains
+from tasks_core.registry import import_path
 from tasks_core.services import Services
 
 # A paused Redis costs a scrape at most this long per call.
 REDIS_SECONDS = 0.5
+
+
+@functools.cache
+def instruments() -> tuple[tuple[runtime_metrics.Counter, ...], tuple[runtime_metrics.Histogram, ...]]:
+    """The runtime's counters and histograms, then each domain's (its ``Domain.metrics``)."""
+    found = [import_path(path) for domain in load_domains() for path in domain.metrics]
+    for instrument in found:
+        if not isinstance(instrument, runtime_metrics.Counter | runtime_metrics.Histogram):
+            raise TypeError(f"{instrument!r} in a Domain.metrics is not a tasks_core.metrics instrument")
+    counters = [i for i in found if isinstance(i, runtime_metrics.Counter)]
+    histograms = [i for i in found if isinstance(i, runtime_metrics.Histogram)]
+    return (*runtime_metrics.COUNTERS, *counters), (*runtime_metrics.HISTOGRAMS, *histograms)
 
 
 class _Snapshot:
@@ -64,12 +79,13 @@ async def render_metrics(svc: Services) -> bytes:
     for field, value in shared.items():
         name, labels = runtime_metrics.parse_field(field)
         by_name[name].append((labels, value))
-    for counter in runtime_metrics.COUNTERS:
+    counters, histograms = instruments()
+    for counter in counters:
         family = CounterMetricFamily(counter.name, counter.doc, labels=list(counter.labelnames))
         for labels, value in by_name.get(counter.name, []):
             family.add_metric([labels.get(k, "") for k in counter.labelnames], value)
         families.append(family)
-    for hist in runtime_metrics.HISTOGRAMS:
+    for hist in histograms:
         families.append(_histogram(hist, by_name))
 
     registry = CollectorRegistry()

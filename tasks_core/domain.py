@@ -50,6 +50,9 @@ class Domain:
     # "module:attribute" of ``function(settings) -> list[BodyRoute]``: the routes whose request
     # bodies may exceed the api's default limit (uploads), with their own limits.
     path_limits: str | None = None
+    # "module:attribute" of each ``tasks_core.metrics`` Counter or Histogram the domain records:
+    # recorded and flushed like the runtime's own, rendered beside them at /metrics.
+    metrics: tuple[str, ...] = ()
 
     @property
     def migrations(self) -> Path | None:

@@ -22,4 +22,8 @@ DOMAIN = Domain(
         "object_store": "domains.knowledge.routes:object_store_ready",
     },
     path_limits="domains.knowledge.routes:body_routes",
+    metrics=(
+        "domains.knowledge.model_metrics:EMBEDDING_RETRIES",
+        "domains.knowledge.model_metrics:EMBEDDING_FAILURES",
+    ),
 )

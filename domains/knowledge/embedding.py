@@ -9,13 +9,22 @@ plain one (CPU work) runs in a thread.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeGuard, runtime_checkable
 
 from domains.knowledge.hashing import DEFAULT_DIMENSION, HashingEmbedder
 from tasks_core.registry import import_path
 
-__all__ = ["DEFAULT_DIMENSION", "Embedder", "HashingEmbedder", "embed_texts", "load_embedder"]
+__all__ = [
+    "DEFAULT_DIMENSION",
+    "Embedder",
+    "HashingEmbedder",
+    "embed_texts",
+    "is_embedder",
+    "load_embedder",
+    "mismatch",
+]
 
 
 @runtime_checkable
@@ -23,7 +32,9 @@ class Embedder(Protocol):
     """What indexing and search need from a model: a stable name, a dimension, and vectors."""
 
     name: str
-    dimension: int
+
+    @property
+    def dimension(self) -> int: ...  # read-only: a network client may learn it from its server
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
 
@@ -37,6 +48,35 @@ async def embed_texts(embedder: Embedder, texts: Sequence[str]) -> list[list[flo
     return await asyncio.to_thread(embedder.embed, texts)
 
 
+def mismatch(embedder: Embedder, built_with: str, dimension: int, who: str = "this process") -> str | None:
+    """One line saying why ``embedder`` cannot search or index a base built with ``built_with``
+    (``dimension``) and which setting fixes it; None when they match. Reading the dimension may
+    ask a network embedder's server (an ``EmbeddingUnavailable`` then)."""
+    if (embedder.name, embedder.dimension) == (built_with, dimension):
+        return None
+    if embedder.name == built_with:
+        fix = (
+            "the same model now gives vectors of another size: point it at the server the base was built with"
+        )
+    elif built_with.startswith("openai:"):
+        fix = f"set DTASK_EMBEDDER=openai and DTASK_EMBEDDING_MODEL={built_with.removeprefix('openai:')}"
+    else:
+        fix = "set DTASK_EMBEDDER to match"
+    return (
+        f"the base was built with embedder {built_with} ({dimension} dimensions); {who} embeds with "
+        f"{embedder.name} ({embedder.dimension} dimensions): {fix}"
+    )
+
+
+def is_embedder(value: object) -> TypeGuard[Embedder]:
+    """``isinstance(value, Embedder)`` without reading the attributes: on Python 3.11 that check
+    calls every property, and a network client's ``dimension`` may ask its server."""
+    missing = object()
+    return all(
+        inspect.getattr_static(value, attr, missing) is not missing for attr in ("name", "dimension", "embed")
+    )
+
+
 def load_embedder(spec: str) -> Embedder:
     """``hashing`` / ``hashing:DIM``, ``openai``, ``sentence-transformers:PATH`` or ``module:attribute``
     (an instance, or a class/factory)."""
@@ -48,7 +88,7 @@ def load_embedder(spec: str) -> Embedder:
     else:
         # ``openai``: the DTASK_EMBEDDING_* client of an OpenAI-compatible server
         target = import_path("domains.knowledge.openai_embedder:from_settings" if spec == "openai" else spec)
-    embedder = target() if callable(target) and not isinstance(target, Embedder) else target
-    if not isinstance(embedder, Embedder):
+    embedder = target() if callable(target) and not is_embedder(target) else target
+    if not is_embedder(embedder):
         raise ValueError(f"DTASK_EMBEDDER={spec!r} is not an Embedder (name, dimension, embed)")
     return embedder
