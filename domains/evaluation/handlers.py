@@ -23,7 +23,7 @@ from domains.evaluation.generation import (
 )
 from domains.evaluation.settings import EvaluationSettings
 from domains.knowledge import catalog
-from domains.knowledge.embedding import embed_texts
+from domains.knowledge.embedding import embed_texts, mismatch
 from domains.knowledge.errors import CollectionMissing
 from domains.knowledge.stores import KnowledgeStores, stores_for
 from domains.knowledge.vectors import BaseIndex, Hit
@@ -148,11 +148,9 @@ async def run(ctx: TaskContext) -> Any:
     if base is None:
         raise NotOurs(f"the base of run {run_id} was deleted")
     embedder = stores.embedder
-    if (embedder.name, embedder.dimension) != (base["embedder"], base["dimension"]):
-        raise RunFailed(
-            f"the base was built with {base['embedder']}; this worker embeds with {embedder.name}: "
-            "set DTASK_EMBEDDER to match"
-        )
+    refused = mismatch(embedder, base["embedder"], base["dimension"], who="this worker")
+    if refused:
+        raise RunFailed(refused)
     top_k, total = int(row["top_k"]), int(row["items_total"])
     limit = min(OVERFETCH * top_k, MAX_CANDIDATES)
     done = int(row["items_done"])
