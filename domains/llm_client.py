@@ -60,9 +60,10 @@ class LLMSettings(BaseSettings):
     timeout_seconds: float = Field(default=120.0, gt=0, le=3600, allow_inf_nan=False)
     # Requests in flight at once from this process, whatever the number of tasks and threads.
     concurrency: int = Field(default=4, ge=1, le=256)
-    # Tries of one request the client makes itself on a transient failure, and the most seconds it
-    # waits between them in all; past either the task gets LLMUnavailable.
+    # Tries of one request the client makes itself on a transient failure; past them the task gets
+    # LLMUnavailable (and is retried with backoff if its type is retry-safe).
     max_tries: int = Field(default=5, ge=1, le=50)
+    # The most seconds one request's retries may wait in all; past it, LLMUnavailable as above.
     retry_budget_seconds: float = Field(default=60.0, ge=0, le=3600, allow_inf_nan=False)
     # First backoff (doubled each try, capped at 30 s, equal jitter) when no Retry-After says more.
     retry_backoff_seconds: float = Field(default=1.0, ge=0, le=60, allow_inf_nan=False)
@@ -74,7 +75,9 @@ class LLMSettings(BaseSettings):
     json_mode: str = Field(default="json_object", pattern="^(json_object|off)$")
     # Sampling: 0 makes the same request give the same reply on most servers; a seed helps others.
     temperature: float = Field(default=0.0, ge=0, le=2, allow_inf_nan=False)
+    # Sent as the request's seed when set (servers that sample even at temperature 0).
     seed: int | None = None
+    # The most tokens one reply may have (a question and its answer, or a chunk's entity list).
     max_tokens: int = Field(default=512, ge=1, le=100_000)
 
 

@@ -43,8 +43,9 @@ class Domain:
     ui: str | None = None
     # Module whose import registers the domain's tables on the runtime's MetaData.
     metadata: str | None = None
-    # "module:attribute" of the domain's settings class (a pydantic BaseSettings), if it has one.
-    settings: str | None = None
+    # "module:attribute" of each of the domain's settings classes (pydantic BaseSettings): the
+    # README's settings table lists their fields.
+    settings: tuple[str, ...] = ()
     # Readiness fact name -> "module:attribute" of ``async check(services) -> (ok, detail)``.
     readiness: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # "module:attribute" of ``function(settings) -> list[BodyRoute]``: the routes whose request

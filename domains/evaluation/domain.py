@@ -11,5 +11,9 @@ DOMAIN = Domain(
     api="domains.evaluation.routes:router",
     ui="domains.evaluation.routes_ui:UI",
     metadata="domains.evaluation.model",
-    settings="domains.evaluation.settings:EvaluationSettings",
+    settings=(
+        "domains.evaluation.settings:EvaluationSettings",
+        "domains.evaluation.llm_generator:LLMGeneratorSettings",
+        "domains.llm_client:LLMSettings",
+    ),
 )

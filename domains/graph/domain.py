@@ -11,5 +11,5 @@ DOMAIN = Domain(
     api="domains.graph.routes:router",
     ui="domains.graph.routes_ui:UI",
     metadata="domains.graph.model",
-    settings="domains.graph.settings:GraphSettings",
+    settings=("domains.graph.settings:GraphSettings", "domains.graph.llm_extractor:LLMExtractorSettings"),
 )

@@ -16,7 +16,10 @@ DOMAIN = Domain(
     },
     ui="domains.knowledge.routes_ui:UI",
     metadata="domains.knowledge.model",
-    settings="domains.knowledge.settings:KnowledgeSettings",
+    settings=(
+        "domains.knowledge.settings:KnowledgeSettings",
+        "domains.knowledge.model_settings:EmbeddingSettings",
+    ),
     readiness={
         "milvus": "domains.knowledge.routes:milvus_ready",
         "object_store": "domains.knowledge.routes:object_store_ready",

@@ -59,8 +59,8 @@ def settings_classes() -> list[type[BaseSettings]]:
     """The runtime's Settings, then each domain's settings class, in the domains' order."""
     found: list[type[BaseSettings]] = [Settings]
     for domain in load_domains():
-        if domain.settings:
-            module, _, attr = domain.settings.partition(":")
+        for path in domain.settings:
+            module, _, attr = path.partition(":")
             found.append(getattr(importlib.import_module(module), attr))
     return found
 

@@ -44,7 +44,7 @@ def test_every_domain_directory_is_declared_and_every_declaration_resolves() -> 
         assert isinstance(domain, Domain) and domain.root == ROOT / "domains" / domain.name
         for module in (*domain.tasks, *([domain.metadata] if domain.metadata else [])):
             importlib.import_module(module)
-        paths = [domain.api, domain.ui, domain.settings, domain.path_limits, domain.cli and domain.cli[1]]
+        paths = [domain.api, domain.ui, *domain.settings, domain.path_limits, domain.cli and domain.cli[1]]
         for path in [*paths, *domain.api_errors, *domain.api_errors.values(), *domain.readiness.values()]:
             if path:
                 assert import_path(path) is not None, path
