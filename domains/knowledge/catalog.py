@@ -318,6 +318,18 @@ async def owned_in_progress(conn: AsyncConnection, task_id: uuid.UUID) -> list[s
     return [r[0] for r in rows]
 
 
+async def others_in_progress(conn: AsyncConnection, task_id: uuid.UUID, file_id: str) -> bool:
+    """Whether the task still has files in progress besides this one."""
+    row = await conn.execute(
+        text(
+            f"""SELECT 1 FROM knowledge_files WHERE task_id = :task AND file_id <> :id
+        AND status IN {_IN_PROGRESS} LIMIT 1"""
+        ),
+        {"task": task_id, "id": file_id},
+    )
+    return row.first() is not None
+
+
 async def start(conn: AsyncConnection, file_id: str, task_id: uuid.UUID, token: uuid.UUID) -> Row | None:
     """-> ``parsing`` under this attempt; None unless the task owns the file. A file an earlier
     attempt of the same task left in progress starts over (the claim made this attempt the task's

@@ -482,7 +482,11 @@ async def delete_file(file_id: FileId, caller: Caller, svc: Svc, stores: Stores)
     async with svc.engine.connect() as conn:
         row = _visible(await catalog.get_file(conn, file_id), caller, "file")
     if row["task_active"]:
-        await _cancel(svc, [row["task_id"]])
+        async with svc.engine.connect() as conn:
+            shared = await catalog.others_in_progress(conn, row["task_id"], file_id)
+        # A task that holds other files goes on with them: it skips a file deleted under it.
+        if not shared:
+            await _cancel(svc, [row["task_id"]])
     index = await stores.index(row["kb_id"], row["dimension"])
     try:
         await index.delete_file(file_id)
