@@ -340,47 +340,48 @@ class _Indexer:
         return parsed
 
     async def _embed_and_write(self, parsed: list[_Parsed], *, fresh: bool) -> None:
-        """Embed and write the files' vectors, a batch at a time: plain inserts, several files per
-        call, for the files none of whose chunk ids can have a vector yet (``fresh`` and no chunk
-        rows before); upserts by chunk id for the others."""
+        """Embed and write the files' vectors, a batch at a time: plain inserts, chunks of several
+        files per call, for the files none of whose chunk ids can have a vector yet (``fresh`` and
+        no chunk rows before); upserts by chunk id, a file at a time, for the others."""
         embedder = self.stores.embedder
         total = sum(len(p.texts) for p in parsed)
         written = reported = 0
-        pending: list[tuple[str, Sequence[str], Sequence[Sequence[float]]]] = []
-        index: BaseIndex | None = None
 
-        async def flush() -> None:
-            nonlocal pending, written, reported
-            if pending and index is not None:
-                await index.insert(pending)
-                written += sum(len(ids) for _, ids, _ in pending)
-                pending = []
+        async def wrote(count: int) -> None:
+            nonlocal written, reported
+            written += count
             if written - reported >= WRITE_BATCH and written < total:
                 # The last batch's news is the move to indexed, right after.
                 reported = written
                 await self.ctx.report(100.0 * written / total, f"{written} of {total} chunks indexed")
 
-        for p in parsed:
-            here = await self._index(p.row)
-            if here is not index:
-                await flush()  # another base: its own collection
-                index = here
-            insert = fresh and p.row["chunk_rows"] == 0
-            for start in range(0, len(p.texts), EMBED_BATCH):
+        for base_id in dict.fromkeys(p.row["kb_id"] for p in parsed):
+            files = [p for p in parsed if p.row["kb_id"] == base_id]
+            index = await self._index(files[0].row)
+            inserted = [p for p in files if fresh and p.row["chunk_rows"] == 0]
+            chunks = [(p, seq) for p in inserted for seq in range(len(p.texts))]
+            pending: list[tuple[str, Sequence[str], Sequence[Sequence[float]]]] = []
+            for start in range(0, len(chunks), EMBED_BATCH):
                 self.ctx.raise_if_cancelled()
-                vectors = await embed_texts(embedder, p.texts[start : start + EMBED_BATCH])
-                ids = p.chunk_ids[start : start + EMBED_BATCH]
-                # milvus-lite's upsert first reads each id's old row in every segment, under the lock
-                # its compaction holds: at 80 k vectors it managed half an insert's files/s.
-                if insert:
-                    pending.append((p.file_id, ids, vectors))
-                    if sum(len(i) for _, i, _ in pending) >= WRITE_BATCH:
-                        await flush()
-                else:
-                    await index.upsert(p.file_id, ids, vectors)
-                    written += len(ids)
-                    await flush()
-        await flush()
+                part = chunks[start : start + EMBED_BATCH]
+                vectors = await embed_texts(embedder, [p.texts[seq] for p, seq in part])
+                pending += [
+                    (p.file_id, [p.chunk_ids[seq]], [v]) for (p, seq), v in zip(part, vectors, strict=True)
+                ]
+                if len(pending) >= WRITE_BATCH or start + EMBED_BATCH >= len(chunks):
+                    await index.insert(pending)
+                    await wrote(len(pending))
+                    pending = []
+            # milvus-lite's upsert first reads each id's old row in every segment, under the lock its
+            # compaction holds: at 80 k vectors it managed half an insert's files/s.
+            for p in files:
+                if p.file_id in {q.file_id for q in inserted}:
+                    continue
+                for start in range(0, len(p.texts), EMBED_BATCH):
+                    self.ctx.raise_if_cancelled()
+                    vectors = await embed_texts(embedder, p.texts[start : start + EMBED_BATCH])
+                    await index.upsert(p.file_id, p.chunk_ids[start : start + EMBED_BATCH], vectors)
+                    await wrote(len(vectors))
 
 
 class _AllGone(Exception):

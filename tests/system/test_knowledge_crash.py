@@ -50,6 +50,13 @@ TASKS_SQL = "SELECT status, count(*) AS n FROM tasks WHERE task_type = 'knowledg
 FILE_TASKS_SQL = "SELECT count(DISTINCT task_id) AS n FROM knowledge_files WHERE kb_id = :kb"
 
 
+@pytest.fixture(autouse=True)
+def _small_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four files per ingest task (read by the in-process api): tasks enough that, once each
+    process's first task has passed the gate, every slot holds one inside indexing."""
+    monkeypatch.setenv("DTASK_KNOWLEDGE_FILES_PER_TASK", "4")
+
+
 def _env(stores: dict[str, str], gate: Path) -> dict[str, str]:
     return {
         **stores,
