@@ -42,8 +42,9 @@ EMBED_BATCH = 32
 # Chunks whose vectors are written to Milvus per call (from one file or several).
 WRITE_BATCH = 256
 # A round of files is written once its parsed files hold this many chunks (or no file is left):
-# what one attempt holds in memory at once, beyond the one file being parsed.
-ROUND_CHUNKS = 512
+# what one attempt holds in memory at once, beyond the one file being parsed; and how many files
+# become indexed together (at 512, 25 small files per task all waited for the task's last one).
+ROUND_CHUNKS = 128
 # A task's failure names at most this many of its files that ended in an error state.
 MAX_FAILED_NAMED = 10
 # A base reindex's result names at most this many files that ended in an error state.
@@ -146,12 +147,14 @@ async def _several(ctx: TaskContext, stores: KnowledgeStores, file_ids: list[str
         async with ctx.owning_transaction() as conn:
             counts, errors = await catalog.task_outcome(conn, ctx.task_id, MAX_FAILED_NAMED)
         indexed = counts.get(INDEXED, 0)
+        failed = counts.get(ERROR_PARSING, 0) + counts.get(ERROR_INDEXING, 0)
     else:
         errors = {o.file_id: o.error or "" for o in outcomes.values() if o.error}
         indexed = sum(o.status == INDEXED for o in outcomes.values())
-    if errors:
+        failed = len(errors)
+    if failed:
         named = "; ".join(f"{f}: {m}" for f, m in list(errors.items())[:MAX_FAILED_NAMED])
-        raise FileFailed(f"{len(errors)} of {len(file_ids)} files ended in an error state: {named}")
+        raise FileFailed(f"{failed} of {len(file_ids)} files ended in an error state: {named}")
     chunks = sum(o.chunks for o in outcomes.values())
     return {"files": len(file_ids), "indexed": indexed, "chunks": chunks}
 
