@@ -39,8 +39,9 @@ from tasks_core.worker.context import TaskContext
 log = logging.getLogger(__name__)
 # Chunks embedded per step: cancel checks and bounded thread calls.
 EMBED_BATCH = 32
-# Chunks whose vectors are written to Milvus per call (from one file or several).
-WRITE_BATCH = 256
+# Chunks whose vectors are written to Milvus per call (from one file or several): each embedding
+# step's vectors are written before the next step, so a large file's vectors land as it goes.
+WRITE_BATCH = EMBED_BATCH
 # A round of files is written once its parsed files hold this many chunks (or no file is left):
 # what one attempt holds in memory at once, beyond the one file being parsed; and how many files
 # become indexed together (at 512, 25 small files per task all waited for the task's last one).
