@@ -318,6 +318,18 @@ async def owned_in_progress(conn: AsyncConnection, task_id: uuid.UUID) -> list[s
     return [r[0] for r in rows]
 
 
+async def others_in_progress(conn: AsyncConnection, task_id: uuid.UUID, file_id: str) -> bool:
+    """Whether the task still has files in progress besides this one."""
+    row = await conn.execute(
+        text(
+            f"""SELECT 1 FROM knowledge_files WHERE task_id = :task AND file_id <> :id
+        AND status IN {_IN_PROGRESS} LIMIT 1"""
+        ),
+        {"task": task_id, "id": file_id},
+    )
+    return row.first() is not None
+
+
 async def start(conn: AsyncConnection, file_id: str, task_id: uuid.UUID, token: uuid.UUID) -> Row | None:
     """-> ``parsing`` under this attempt; None unless the task owns the file. A file an earlier
     attempt of the same task left in progress starts over (the claim made this attempt the task's
@@ -342,6 +354,103 @@ async def start(conn: AsyncConnection, file_id: str, task_id: uuid.UUID, token: 
         .first()
     )
     return None if row is None else dict(row)
+
+
+async def start_many(
+    conn: AsyncConnection, file_ids: Sequence[str], task_id: uuid.UUID, token: uuid.UUID
+) -> list[Row]:
+    """``start`` for several files of one task in one statement: the rows of those it owns (in the
+    order given), each with its base's embedder and dimension and its chunk-row count."""
+    rows = (
+        (
+            await conn.execute(
+                text(
+                    f"""UPDATE knowledge_files f
+                SET status = 'parsing', attempt_token = :tok, error_message = NULL,
+               updated_at = {NOW}
+        FROM knowledge_bases b
+        WHERE f.file_id = ANY(:ids) AND f.task_id = :task AND f.status IN {_IN_PROGRESS} AND b.id = f.kb_id
+        RETURNING f.*, b.embedder, b.dimension,
+            (SELECT count(*) FROM knowledge_chunks c WHERE c.file_id = f.file_id) AS chunk_rows"""
+                ),
+                {"ids": list(file_ids), "task": task_id, "tok": token},
+            )
+        )
+        .mappings()
+        .all()
+    )
+    by_id = {r["file_id"]: dict(r) for r in rows}
+    return [by_id[f] for f in dict.fromkeys(file_ids) if f in by_id]
+
+
+async def advance_many(
+    conn: AsyncConnection,
+    file_ids: Sequence[str],
+    task_id: uuid.UUID,
+    token: uuid.UUID,
+    expect: str,
+    to: str,
+    chunk_counts: Sequence[int] | None = None,
+) -> set[str]:
+    """``advance`` for several files in one statement (with ``chunk_counts``, each file's count is
+    set, and its error message cleared); the ids of those this attempt moved."""
+    if not file_ids:
+        return set()
+    counts = list(chunk_counts) if chunk_counts is not None else [None] * len(file_ids)
+    result = await conn.execute(
+        text(
+            f"""UPDATE knowledge_files f SET status = :to, updated_at = {NOW},
+               chunk_count = coalesce(u.chunks, f.chunk_count),
+               error_message = CASE WHEN u.chunks IS NULL THEN f.error_message END
+        FROM unnest(CAST(:ids AS text[]), CAST(:counts AS integer[])) AS u(file_id, chunks)
+        WHERE f.file_id = u.file_id AND f.task_id = :task AND f.attempt_token = :tok
+          AND f.status = :expect
+        RETURNING f.file_id"""
+        ),
+        {"ids": list(file_ids), "counts": counts, "task": task_id, "tok": token, "expect": expect, "to": to},
+    )
+    return {r[0] for r in result}
+
+
+async def fail_many(
+    conn: AsyncConnection, failures: dict[str, tuple[str, str]], task_id: uuid.UUID, token: uuid.UUID
+) -> set[str]:
+    """``fail`` for several files (file id -> (error state, message)); the ids this attempt failed."""
+    if not failures:
+        return set()
+    result = await conn.execute(
+        text(
+            f"""UPDATE knowledge_files f SET status = u.state, error_message = u.msg, updated_at = {NOW}
+        FROM unnest(CAST(:ids AS text[]), CAST(:states AS text[]), CAST(:msgs AS text[]))
+             AS u(file_id, state, msg)
+        WHERE f.file_id = u.file_id AND f.task_id = :task AND f.attempt_token = :tok
+          AND f.status IN {_BOUND}
+        RETURNING f.file_id"""
+        ),
+        {
+            "ids": list(failures),
+            "states": [state for state, _ in failures.values()],
+            "msgs": [message[:2000] for _, message in failures.values()],
+            "task": task_id,
+            "tok": token,
+        },
+    )
+    return {r[0] for r in result}
+
+
+async def note_many(
+    conn: AsyncConnection, file_ids: Sequence[str], task_id: uuid.UUID, token: uuid.UUID, message: str
+) -> set[str]:
+    """``note`` on several files; the ids of those this attempt still holds."""
+    result = await conn.execute(
+        text(
+            f"""UPDATE knowledge_files SET error_message = :msg, updated_at = {NOW}
+        WHERE file_id = ANY(:ids) AND task_id = :task AND attempt_token = :tok AND status IN {_BOUND}
+        RETURNING file_id"""
+        ),
+        {"ids": list(file_ids), "task": task_id, "tok": token, "msg": message[:2000]},
+    )
+    return {r[0] for r in result}
 
 
 async def note(
@@ -413,6 +522,34 @@ async def replace_chunks(
                 {"chunk_id": c, "file_id": file_id, "seq": i, "text": t, "tok": token}
                 for i, (c, t) in enumerate(zip(chunk_ids, texts, strict=True))
             ],
+        )
+
+
+async def replace_chunks_many(
+    conn: AsyncConnection, token: uuid.UUID, files: Sequence[tuple[str, Sequence[str], Sequence[str]]]
+) -> None:
+    """``replace_chunks`` for several files (file id, chunk ids, texts) in two statements."""
+    if not files:
+        return
+    await conn.execute(
+        text("DELETE FROM knowledge_chunks WHERE file_id = ANY(:ids)"), {"ids": [f for f, _, _ in files]}
+    )
+    rows = [(f, c, i, t) for f, ids, texts in files for i, (c, t) in enumerate(zip(ids, texts, strict=True))]
+    if rows:
+        await conn.execute(
+            text(
+                """INSERT INTO knowledge_chunks (chunk_id, file_id, seq, text, attempt_token)
+            SELECT u.chunk_id, u.file_id, u.seq, u.text, :tok
+            FROM unnest(CAST(:chunk_ids AS text[]), CAST(:file_ids AS text[]), CAST(:seqs AS integer[]),
+                        CAST(:texts AS text[])) AS u(chunk_id, file_id, seq, text)"""
+            ),
+            {
+                "chunk_ids": [r[1] for r in rows],
+                "file_ids": [r[0] for r in rows],
+                "seqs": [r[2] for r in rows],
+                "texts": [r[3] for r in rows],
+                "tok": token,
+            },
         )
 
 

@@ -36,6 +36,7 @@ from domains.knowledge import catalog, reindexing
 from domains.knowledge.attempts import attempt_of
 from domains.knowledge.embedding import embed_texts
 from domains.knowledge.errors import CollectionMissing, StoreError
+from domains.knowledge.grouping import GroupingSettings, group
 from domains.knowledge.model import FILE_TYPES, OTHER
 from domains.knowledge.parsing import CONTENT_TYPES, file_type_of
 from domains.knowledge.schemas import (
@@ -412,15 +413,31 @@ async def _record(tx: Any, base_id: str, entries: list[_Entry]) -> None:
     else:
         raise HTTPException(503, "the base changed under this upload; try again", headers=RETRY_AFTER)
     tasks: dict[str, uuid.UUID] = {}
-    for e in entries:  # tasks in the order the files came
-        if e.file_id in new:
-            e.task_id = tasks[e.file_id] = (await tx.add(TaskIntent(INGEST, {"file_id": e.file_id}))).task_id
+    fresh = [e for e in entries if e.file_id in new]  # in the order the files came
+    groups = [[fresh[i] for i in positions] for positions in _groups(tx, [e.size for e in fresh])]
+    intents = [
+        TaskIntent(INGEST, {"file_id": g[0].file_id} if len(g) == 1 else {"file_ids": [e.file_id for e in g]})
+        for g in groups
+    ]
+    for members, added in zip(groups, await tx.add_many(intents), strict=True):
+        if isinstance(added, InvalidTask):
+            raise added
+        for e in members:
+            e.task_id = tasks[e.file_id] = added.task_id
     await catalog.hand_to_tasks(conn, tasks)
     for e in entries:
         twin = first.get(e.content_hash) if e.content_hash is not None else None
         if twin is not None and twin is not e:
             e.duplicate_of = twin.duplicate_of or twin.file_id
             e.task_id, e.status = twin.task_id, twin.status
+
+
+def _groups(tx: Any, sizes: list[int]) -> list[list[int]]:
+    """The new files' ingest tasks (see ``grouping``), spread over what the owner may run at once."""
+    settings: Settings = tx.submitter.services.settings
+    chosen = GroupingSettings()
+    slots = settings.owner_running_limit or settings.capacity
+    return group(sizes, slots, chosen.knowledge_files_per_task, chosen.knowledge_bytes_per_task)
 
 
 async def _forget_objects(objects: Any, keys: list[str]) -> None:
@@ -465,7 +482,11 @@ async def delete_file(file_id: FileId, caller: Caller, svc: Svc, stores: Stores)
     async with svc.engine.connect() as conn:
         row = _visible(await catalog.get_file(conn, file_id), caller, "file")
     if row["task_active"]:
-        await _cancel(svc, [row["task_id"]])
+        async with svc.engine.connect() as conn:
+            shared = await catalog.others_in_progress(conn, row["task_id"], file_id)
+        # A task that holds other files goes on with them: it skips a file deleted under it.
+        if not shared:
+            await _cancel(svc, [row["task_id"]])
     index = await stores.index(row["kb_id"], row["dimension"])
     try:
         await index.delete_file(file_id)

@@ -18,7 +18,8 @@ _COMMON: dict[str, Any] = {
     # Retry-safe: every effect is fenced (file moves name the attempt) and idempotent (chunks and
     # vectors are replaced by chunk id), so a lost lease, a worker shutdown or a store that does not
     # answer (the handler raises RetryableError) sends the task back to pending with backoff, and
-    # the next attempt starts the file over. A file that cannot be parsed is not retried.
+    # the next attempt starts over the files not yet indexed. A file that cannot be parsed is not
+    # retried.
     "retry_safe": True,
     "max_attempts": MAX_ATTEMPTS,
     # Made by the upload and reindex routes with the file rows they work on.
@@ -26,7 +27,7 @@ _COMMON: dict[str, Any] = {
 }
 
 SPECS = (
-    # Parse and index one uploaded file.
+    # Parse and index uploaded files: one ({"file_id"}), or several of one upload ({"file_ids"}).
     TaskSpec(
         INGEST, "domains.knowledge.handlers:ingest", timeout_seconds=3600, payload=IngestPayload, **_COMMON
     ),

@@ -102,7 +102,9 @@ async def test_400_files_in_one_upload_all_reach_indexed_without_the_periodic_pu
         await wait_for(all_indexed, within=240, interval=0.5, what=f"{BATCH} files indexed")
         elapsed = time.monotonic() - started
         task_ids = [e["task_id"] for e in entries]
-        assert await scalar(svc, "SELECT count(*) FROM tasks WHERE status = 'success'") == BATCH
+        # Small files of one request share tasks: each file's task succeeded.
+        assert await scalar(svc, "SELECT count(*) FROM tasks WHERE status = 'success'") == len(set(task_ids))
+        assert 1 < len(set(task_ids)) < BATCH
         peak = await _max_overlap(svc, task_ids)
         print(
             f"{BATCH} files indexed in {elapsed:.1f} s ({BATCH / elapsed:.1f} files/s), "
