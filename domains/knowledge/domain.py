@@ -19,6 +19,7 @@ DOMAIN = Domain(
     settings=(
         "domains.knowledge.settings:KnowledgeSettings",
         "domains.knowledge.model_settings:EmbeddingSettings",
+        "domains.knowledge.grouping:GroupingSettings",
     ),
     readiness={
         "milvus": "domains.knowledge.routes:milvus_ready",

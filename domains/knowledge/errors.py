@@ -27,3 +27,8 @@ class CollectionMissing(StoreError):
 
 class ObjectMissing(StoreError):
     """A file's original is not in the bucket."""
+
+
+class EmbeddingRejected(Exception):
+    """The embedder refused the texts for good: the request, the key, the model or the answer is
+    wrong, so trying again would meet it again (the files end error_indexing with its message)."""

@@ -22,8 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from domains.knowledge import catalog
-from domains.knowledge.embedding import embed_texts
-from domains.knowledge.errors import CollectionMissing, ObjectMissing, StoreError, StoreUnavailable
+from domains.knowledge.embedding import embed_texts, mismatch
+from domains.knowledge.errors import (
+    CollectionMissing,
+    EmbeddingRejected,
+    ObjectMissing,
+    StoreError,
+    StoreUnavailable,
+)
 from domains.knowledge.model import ERROR_INDEXING, ERROR_PARSING, INDEXED, INDEXING, PARSING
 from domains.knowledge.parse_process import ParseLimits, parse_file
 from domains.knowledge.parsing import ParseError
@@ -236,7 +242,9 @@ class _Indexer:
                 )
             if not ours:
                 raise _AllGone from exc
-            raise RetryableError(str(exc), code="store_unavailable") from exc
+            # A server's Retry-After (an embedding endpoint's) is the backoff, if it gave one.
+            delay = getattr(exc, "delay", None)
+            raise RetryableError(str(exc), code="store_unavailable", delay=delay) from exc
 
     async def _parse(self, row: dict[str, Any]) -> _Parsed | tuple[str, str]:
         """The file's chunk texts, or the error state and message it ends with."""
@@ -252,12 +260,10 @@ class _Indexer:
             texts = await parse_file(data, row["file_type"], self.limits)
         except ParseError as exc:
             return ERROR_PARSING, str(exc)
-        embedder = self.stores.embedder
-        if (embedder.name, embedder.dimension) != (row["embedder"], row["dimension"]):
-            return ERROR_INDEXING, (
-                f"the base was built with embedder {row['embedder']} ({row['dimension']} dimensions); this "
-                f"worker embeds with {embedder.name} ({embedder.dimension}): set DTASK_EMBEDDER to match"
-            )
+        async with self._store_step():  # a network embedder may ask its server for the dimension
+            refused = mismatch(self.stores.embedder, row["embedder"], row["dimension"], who="this worker")
+        if refused:
+            return ERROR_INDEXING, refused
         return _Parsed(row, texts)
 
     async def _write_round(self, parsed: list[_Parsed], failed: dict[str, tuple[str, str]]) -> None:
@@ -292,7 +298,19 @@ class _Indexer:
         if not parsed:
             return
         ctx.raise_if_cancelled()
-        parsed = await self._write_vectors(parsed)
+        try:
+            parsed = await self._write_vectors(parsed)
+        except EmbeddingRejected as exc:
+            # For good (a bad key or model, a text the model refuses): the round's files end
+            # error_indexing with the endpoint's own words; the task's other rounds go on.
+            rejected = {p.file_id: (ERROR_INDEXING, str(exc)) for p in parsed}
+            async with ctx.owning_transaction() as conn:
+                ended = await catalog.fail_many(conn, rejected, task, token)
+            for p in parsed:
+                self.open.pop(p.file_id, None)
+                if p.file_id in ended:
+                    self.outcomes.append(Outcome(p.file_id, ERROR_INDEXING, error=str(exc)))
+            return
         async with ctx.owning_transaction() as conn:
             indexed = await catalog.advance_many(
                 conn,

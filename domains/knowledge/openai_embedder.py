@@ -37,7 +37,7 @@ from weakref import WeakKeyDictionary
 
 import httpx
 
-from domains.knowledge.errors import StoreUnavailable
+from domains.knowledge.errors import EmbeddingRejected, StoreUnavailable
 from domains.knowledge.model_metrics import EMBEDDING_FAILURES, EMBEDDING_RETRIES
 from domains.knowledge.model_settings import EmbeddingSettings
 from tasks_core.retry import RetryableError
@@ -60,11 +60,6 @@ class EmbeddingUnavailable(StoreUnavailable, RetryableError):
         self.service = "the embedding endpoint"
         self.code = "embedding_unavailable"
         self.delay = delay
-
-
-class EmbeddingRejected(Exception):
-    """A permanent failure: the request, the key, the model or the answer is wrong; trying again
-    would meet it again."""
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:

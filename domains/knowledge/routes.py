@@ -34,7 +34,7 @@ from app.auth import BodyRoute, Principal
 from app.dependencies import Caller, Svc
 from domains.knowledge import catalog, reindexing
 from domains.knowledge.attempts import attempt_of
-from domains.knowledge.embedding import embed_texts
+from domains.knowledge.embedding import embed_texts, mismatch
 from domains.knowledge.errors import CollectionMissing, StoreError
 from domains.knowledge.grouping import GroupingSettings, group
 from domains.knowledge.model import FILE_TYPES, OTHER
@@ -557,13 +557,9 @@ async def search(base_id: BaseId, body: SearchIn, caller: Caller, svc: Svc, stor
     files, each text once."""
     base = await _base(svc, base_id, caller)
     embedder = stores.embedder
-    if (embedder.name, embedder.dimension) != (base["embedder"], base["dimension"]):
-        raise HTTPException(
-            503,
-            f"the base was built with {base['embedder']}; this api embeds with "
-            f"{embedder.name}: set DTASK_EMBEDDER to match",
-            headers=RETRY_AFTER,
-        )
+    refused = mismatch(embedder, base["embedder"], base["dimension"], who="this api")
+    if refused:
+        raise HTTPException(503, refused, headers=RETRY_AFTER)
     [vector] = await embed_texts(embedder, [body.query])
     # More than top_k: vectors of files being reindexed or deleted are filtered out below, and a
     # text several files hold is shown once.
