@@ -35,9 +35,19 @@ class ScheduleIn(BaseModel):
 
     name: Annotated[str, Field(description=f"Yours to choose: {NAME_RULE}", examples=["nightly-report"])]
     task_type: Annotated[
-        str, Field(min_length=1, max_length=200, pattern=NO_NUL, examples=["diagnostics.noop"])
+        str,
+        Field(
+            description="A registered task type (`GET /task-types`)",
+            min_length=1,
+            max_length=200,
+            pattern=NO_NUL,
+            examples=["diagnostics.noop"],
+        ),
     ]
-    payload: Annotated[dict[str, Any], Field(default_factory=dict)]
+    payload: Annotated[
+        dict[str, Any],
+        Field(default_factory=dict, description="Each task's payload, checked against the type's schema"),
+    ]
     cron: Annotated[
         str | None,
         Field(description="Five fields: minute hour day-of-month month day-of-week", examples=["30 2 * * *"]),
@@ -55,25 +65,25 @@ class ScheduleIn(BaseModel):
 
 
 class LastTask(BaseModel):
-    task_id: UUID
-    slot_at: datetime
+    task_id: UUID = Field(description="The task the slot made")
+    slot_at: datetime = Field(description="The slot's instant: the task's run_at")
     status: Status | None = Field(description="None: the task was pruned since")
 
 
 class ScheduleOut(BaseModel):
-    name: str
-    owner: str
-    task_type: str
-    payload: dict[str, Any]
-    cron: str | None
-    every_seconds: float | None
-    timezone: str | None
-    priority: int
-    paused: bool
-    paused_at: datetime | None
+    name: str = Field(description="Its name, unique among its owner's schedules")
+    owner: str = Field(description="The key that created it, and owns its tasks")
+    task_type: str = Field(description="The type of the tasks it creates")
+    payload: dict[str, Any] = Field(description="Their payload")
+    cron: str | None = Field(description="Its cron expression, or None for every_seconds")
+    every_seconds: float | None = Field(description="Its interval, or None for cron")
+    timezone: str | None = Field(description="The IANA zone its cron expression is read in")
+    priority: int = Field(description="Its tasks' priority")
+    paused: bool = Field(description="Paused: it creates no task until resumed")
+    paused_at: datetime | None = Field(description="When it was paused")
     next_run_at: datetime | None = Field(description="The next slot; None while paused")
-    created_at: datetime
-    last_fired_at: datetime | None
+    created_at: datetime = Field(description="When it was created (PostgreSQL's clock)")
+    last_fired_at: datetime | None = Field(description="The instant of the last slot that made a task")
     last_error: str | None = Field(
         description="Why the last due slot made no task (type gone, payload no longer valid)"
     )
@@ -85,7 +95,7 @@ class ScheduleDetail(ScheduleOut):
 
 
 class ScheduleList(BaseModel):
-    items: list[ScheduleOut]
+    items: list[ScheduleOut] = Field(description="Your schedules (every owner's with an admin key)")
 
 
 def _invalid(exc: InvalidTask) -> HTTPException:

@@ -41,8 +41,12 @@ def _owner_under_limit(ending: str | None = None) -> str:
 
 
 OWNER_UNDER_LIMIT = _owner_under_limit()
-# The row's type is paused by an operator (evaluated on `tasks` rows: claim, relay, publisher).
-TYPE_PAUSED = "EXISTS (SELECT 1 FROM paused_types p WHERE p.task_type = tasks.task_type)"
+# The row's type is paused by an operator (evaluated on `tasks` rows: claim, relay, publisher). The
+# paused types are read once per statement (InitPlans) and tested as a filter, guarded by "any at
+# all": as a correlated NOT EXISTS, or unguarded, the relay's generic plan became a sequential scan
+# and sort of every pending row instead of a walk of ix_tasks_unpublished in its order.
+TYPE_PAUSED = """(EXISTS (SELECT 1 FROM paused_types)
+    AND tasks.task_type = ANY (ARRAY(SELECT task_type FROM paused_types)))"""
 # A slot row held for a task that is not running under the slot's token.
 ORPHAN_SLOT = """s.task_id IS NOT NULL AND NOT EXISTS (
     SELECT 1 FROM tasks t WHERE t.id = s.task_id AND t.status = 'running' AND t.attempt_token = s.token)"""

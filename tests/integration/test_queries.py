@@ -149,8 +149,8 @@ def _b64(raw: bytes) -> str:
         _b64(b"\xff\xfe\xfd"),
         _b64(b"2026-01-01T00:00:00+00:00"),  # no id
         _b64(b"2026-01-01T00:00:00+00:00|not-a-uuid"),
-        _b64(f"2026-01-01T00:00:00|{uuid.uuid4()}".encode()),  # naive timestamp
-        _b64(f"yesterday|{uuid.uuid4()}".encode()),
+        _b64(f"2026-01-01T00:00:00|{uuid.UUID(int=1)}".encode()),  # naive timestamp
+        _b64(f"yesterday|{uuid.UUID(int=2)}".encode()),
         _b64(json.dumps({"created_at": "2026-01-01"}).encode()),
     ],
 )

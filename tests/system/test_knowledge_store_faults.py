@@ -116,8 +116,11 @@ async def _stalled_ingest(
 
 @pytest.mark.parametrize("store", ["milvus", "s3"])
 async def test_a_store_paused_mid_ingest_is_waited_out(
-    cluster: Cluster, faulty_stores: FaultyStores, store: Store
+    cluster: Cluster, faulty_stores: FaultyStores, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A task per file, so the pause falls among tasks still to run (40 small files grouped into
+    # four tasks are indexed together, before the pause could meet one).
+    monkeypatch.setenv("DTASK_KNOWLEDGE_FILES_PER_TASK", "1")
     await _stalled_ingest(cluster, faulty_stores, store, 8.0, 40)
 
 
