@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 from sqlalchemy import text
 
+from domains.knowledge.bench import _wait_api
 from domains.knowledge.bench_model import passed_environment
 from tasks_core.db import make_engine
 from tasks_core.devkit.bench.common import (
@@ -38,7 +39,6 @@ from tasks_core.devkit.bench.common import (
     BenchError,
     CommonOptions,
     Proc,
-    poll,
     public_options,
 )
 from tasks_core.devkit.bench.report import Document, summarize
@@ -288,16 +288,6 @@ def _report(doc: Document, results: Sequence[dict[str, Any]], opts: QualityOptio
         f"prefork -c {opts.concurrency}, DTASK_CAPACITY={opts.capacity}); a local model's load in the "
         "pool processes is inside it"
     )
-
-
-async def _wait_api(env: BenchEnv, client: httpx.AsyncClient, api: Proc) -> None:
-    async def answers() -> bool:
-        try:
-            return (await client.get("/healthz")).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    await poll(answers, within=60, interval=0.2, what="the api to answer", check=lambda: env.check_alive(api))
 
 
 async def _wait_indexed(

@@ -331,29 +331,10 @@ async def others_in_progress(conn: AsyncConnection, task_id: uuid.UUID, file_id:
 
 
 async def start(conn: AsyncConnection, file_id: str, task_id: uuid.UUID, token: uuid.UUID) -> Row | None:
-    """-> ``parsing`` under this attempt; None unless the task owns the file. A file an earlier
-    attempt of the same task left in progress starts over (the claim made this attempt the task's
-    only owner, and every later move of the old one names its token, so it writes nothing). With
-    the file: its base's embedder and dimension, and how many chunk rows it has now."""
-    row = (
-        (
-            await conn.execute(
-                text(
-                    f"""UPDATE knowledge_files f
-                SET status = 'parsing', attempt_token = :tok, error_message = NULL,
-               updated_at = {NOW}
-        FROM knowledge_bases b
-        WHERE f.file_id = :id AND f.task_id = :task AND f.status IN {_IN_PROGRESS} AND b.id = f.kb_id
-        RETURNING f.*, b.embedder, b.dimension,
-            (SELECT count(*) FROM knowledge_chunks c WHERE c.file_id = f.file_id) AS chunk_rows"""
-                ),
-                {"id": file_id, "task": task_id, "tok": token},
-            )
-        )
-        .mappings()
-        .first()
-    )
-    return None if row is None else dict(row)
+    """``start_many`` of one file: its row (with its base's embedder and dimension and its chunk-row
+    count) if the task owns it, else None."""
+    rows = await start_many(conn, [file_id], task_id, token)
+    return rows[0] if rows else None
 
 
 async def start_many(
@@ -415,7 +396,8 @@ async def advance_many(
 async def fail_many(
     conn: AsyncConnection, failures: dict[str, tuple[str, str]], task_id: uuid.UUID, token: uuid.UUID
 ) -> set[str]:
-    """``fail`` for several files (file id -> (error state, message)); the ids this attempt failed."""
+    """End files in error states (file id -> (state, message)) as their owning attempt; the ids
+    this attempt failed."""
     if not failures:
         return set()
     result = await conn.execute(
@@ -441,7 +423,8 @@ async def fail_many(
 async def note_many(
     conn: AsyncConnection, file_ids: Sequence[str], task_id: uuid.UUID, token: uuid.UUID, message: str
 ) -> set[str]:
-    """``note`` on several files; the ids of those this attempt still holds."""
+    """Say on files in progress why they wait (their states stay); the ids of those this attempt
+    still holds."""
     result = await conn.execute(
         text(
             f"""UPDATE knowledge_files SET error_message = :msg, updated_at = {NOW}
@@ -451,20 +434,6 @@ async def note_many(
         {"ids": list(file_ids), "task": task_id, "tok": token, "msg": message[:2000]},
     )
     return {r[0] for r in result}
-
-
-async def note(
-    conn: AsyncConnection, file_id: str, task_id: uuid.UUID, token: uuid.UUID, message: str
-) -> bool:
-    """Say on a file in progress why it waits (its state stays); False if the attempt lost it."""
-    result = await conn.execute(
-        text(
-            f"""UPDATE knowledge_files SET error_message = :msg, updated_at = {NOW}
-        WHERE file_id = :id AND task_id = :task AND attempt_token = :tok AND status IN {_BOUND}"""
-        ),
-        {"id": file_id, "task": task_id, "tok": token, "msg": message[:2000]},
-    )
-    return bool(result.rowcount)
 
 
 async def advance(
@@ -493,36 +462,6 @@ async def advance(
         },
     )
     return bool(result.rowcount)
-
-
-async def fail(
-    conn: AsyncConnection, file_id: str, task_id: uuid.UUID, token: uuid.UUID, state: str, message: str
-) -> bool:
-    result = await conn.execute(
-        text(
-            f"""UPDATE knowledge_files SET status = :state, error_message = :msg, updated_at = {NOW}
-        WHERE file_id = :id AND task_id = :task AND attempt_token = :tok AND status IN {_BOUND}"""
-        ),
-        {"id": file_id, "task": task_id, "tok": token, "state": state, "msg": message[:2000]},
-    )
-    return bool(result.rowcount)
-
-
-async def replace_chunks(
-    conn: AsyncConnection, file_id: str, token: uuid.UUID, chunk_ids: Sequence[str], texts: Sequence[str]
-) -> None:
-    await conn.execute(text("DELETE FROM knowledge_chunks WHERE file_id = :id"), {"id": file_id})
-    if texts:
-        await conn.execute(
-            text(
-                """INSERT INTO knowledge_chunks (chunk_id, file_id, seq, text, attempt_token)
-            VALUES (:chunk_id, :file_id, :seq, :text, :tok)"""
-            ),
-            [
-                {"chunk_id": c, "file_id": file_id, "seq": i, "text": t, "tok": token}
-                for i, (c, t) in enumerate(zip(chunk_ids, texts, strict=True))
-            ],
-        )
 
 
 async def replace_chunks_many(
