@@ -17,20 +17,18 @@ Requests in flight are bounded per process (``DTASK_LLM_CONCURRENCY``), across e
 
 from __future__ import annotations
 
-import email.utils
 import json
 import logging
-import random
 import threading
 import time
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import httpx
 from pydantic import BaseModel, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from tasks_core.retry import RetryableError
+from domains.http_answers import retry_after, server_message
+from tasks_core.retry import RetryableError, jittered
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +40,8 @@ RETRYABLE_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 _HINTS = {401: " (DTASK_LLM_API_KEY)", 403: " (DTASK_LLM_API_KEY)", 404: " (DTASK_LLM_URL, DTASK_LLM_MODEL)"}
 # How much of an endpoint's message a task's error keeps.
 MESSAGE_CHARS = 300
+# The longest wait between two tries of one request when the server names none.
+MAX_BACKOFF_SECONDS = 30.0
 
 
 class LLMSettings(BaseSettings):
@@ -109,27 +109,6 @@ def one_line(text: str, limit: int = MESSAGE_CHARS) -> str:
     return words if len(words) <= limit else words[: limit - 1] + "\u2026"
 
 
-def endpoint_message(response: httpx.Response) -> str:
-    """What the server said about a failure, on one line: OpenAI's error.message, FastAPI's detail,
-    or the body's text."""
-    try:
-        body = response.json()
-    except ValueError:
-        return one_line(response.text) or response.reason_phrase
-    if isinstance(body, dict):
-        error = body.get("error")
-        if isinstance(error, dict) and error.get("message"):
-            return one_line(str(error["message"]))
-        if isinstance(error, str) and error:
-            return one_line(error)
-        if body.get("detail"):
-            detail = body["detail"]
-            return one_line(detail if isinstance(detail, str) else json.dumps(detail))
-        if body.get("message"):
-            return one_line(str(body["message"]))
-    return one_line(response.text)
-
-
 def first_json_object(content: str) -> dict[str, Any]:
     """The first JSON object in a model's reply, whatever surrounds it (prose, ```json fences).
 
@@ -146,28 +125,6 @@ def first_json_object(content: str) -> dict[str, Any]:
                 return value
         start = content.find("{", start + 1)
     raise ValueError("the reply holds no JSON object")
-
-
-def retry_after(response: httpx.Response, now: Callable[[], float] = time.time) -> float | None:
-    """Seconds a 429/503 asks to wait (``Retry-After`` as seconds or an HTTP date), if it says."""
-    value = response.headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - now())
-
-
-def _backoff(first: float, attempt: int, rng: Callable[[], float] = random.random) -> float:
-    """Equal jitter (half fixed, half random) over first * 2**(attempt-1), capped at 30 s."""
-    full = min(30.0, first * 2 ** max(0, attempt - 1))
-    return float(full / 2 + rng() * full / 2)
 
 
 # One bound per process and server: every client of the same URL shares its slots.
@@ -279,7 +236,10 @@ class LLMClient:
                 return failure
             if failure is None:  # response_format was refused and is now off: again at once
                 continue
-            wait = asked if asked is not None else _backoff(s.retry_backoff_seconds, tries)
+            if asked is not None:
+                wait = asked
+            else:
+                wait = jittered(s.retry_backoff_seconds, tries, MAX_BACKOFF_SECONDS)
             if tries >= s.max_tries or waited + wait > s.retry_budget_seconds:
                 raise LLMUnavailable(
                     f"{failure} (after {tries} tries in {waited:.0f} s of waiting; DTASK_LLM_MAX_TRIES, "
@@ -311,9 +271,10 @@ class LLMClient:
             if not isinstance(data, dict):
                 raise LLMBadOutput(f"{self.url} answered 200 with JSON that is not an object")
             return data, None
-        message = endpoint_message(response)
+        message = server_message(response)
         if status in RETRYABLE_STATUSES or status >= 500:
-            return f"{self.url} answered {status}: {message}", retry_after(response)
+            asked = retry_after(response)
+            return f"{self.url} answered {status}: {message}", asked
         if self._json_mode and status in (400, 422) and "response_format" in response.text:
             # The server does not take JSON mode: the prompt asks for JSON anyway, and the reply
             # is parsed just as robustly without it.

@@ -28,12 +28,17 @@ class RetryableError(Exception):
         self.delay = delay
 
 
-def backoff(settings: Settings, attempt: int, rng: Callable[[], float] = random.random) -> float:
-    """Seconds to wait after failed attempt ``attempt`` (1-based): base * 2**(attempt-1), capped,
-    with "equal jitter" (half fixed, half random), so tasks that failed together do not all come
-    back at the same instant and meet the recovering store as one burst."""
-    full = min(settings.retry_backoff_max_seconds, settings.retry_backoff_seconds * 2 ** max(0, attempt - 1))
+def jittered(base: float, attempt: int, cap: float, rng: Callable[[], float] = random.random) -> float:
+    """base * 2**(attempt-1), capped, with "equal jitter" (half fixed, half random): callers that
+    failed together do not all come back at the same instant and meet the recovering service as
+    one burst. ``attempt`` is 1-based."""
+    full = min(cap, base * 2 ** max(0, attempt - 1))
     return float(full / 2 + rng() * full / 2)
+
+
+def backoff(settings: Settings, attempt: int, rng: Callable[[], float] = random.random) -> float:
+    """Seconds a retry-safe task waits after its failed attempt ``attempt`` (1-based)."""
+    return jittered(settings.retry_backoff_seconds, attempt, settings.retry_backoff_max_seconds, rng)
 
 
 def longest_wait(settings: Settings, max_attempts: int) -> float:

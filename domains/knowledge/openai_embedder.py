@@ -22,8 +22,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import email.utils
-import json
 import math
 import os
 import random
@@ -31,16 +29,16 @@ import threading
 import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 from weakref import WeakKeyDictionary
 
 import httpx
 
+from domains.http_answers import retry_after_seconds, server_message
 from domains.knowledge.errors import EmbeddingRejected, StoreUnavailable
 from domains.knowledge.model_metrics import EMBEDDING_FAILURES, EMBEDDING_RETRIES
 from domains.knowledge.model_settings import EmbeddingSettings
-from tasks_core.retry import RetryableError
+from tasks_core.retry import RetryableError, jittered
 
 T = TypeVar("T")
 # Statuses another try may not meet: timeout, rate limit, and the server's own failures.
@@ -62,54 +60,9 @@ class EmbeddingUnavailable(StoreUnavailable, RetryableError):
         self.delay = delay
 
 
-def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
-    """A ``Retry-After`` header's wait in seconds (delay-seconds or an HTTP date), None if absent
-    or unreadable."""
-    if value is None or not value.strip():
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        if when.tzinfo is None:  # an HTTP date is GMT by definition
-            when = when.replace(tzinfo=UTC)
-        current = datetime.now(UTC).timestamp() if now is None else now
-        return max(0.0, when.timestamp() - current)
-    return max(0.0, seconds) if math.isfinite(seconds) else None
-
-
 def normalise(vector: list[float]) -> list[float]:
     norm = math.sqrt(math.fsum(v * v for v in vector))
     return [v / norm for v in vector] if norm else vector
-
-
-def server_message(response: httpx.Response) -> str:
-    """The error the server gave, on one line: OpenAI's ``error.message``, TEI's and Ollama's
-    ``error``, FastAPI's ``detail`` (vLLM, infinity), else the body's text."""
-    text = response.text
-    found: Any = text
-    try:
-        body = json.loads(text)
-    except ValueError:
-        body = None
-    if isinstance(body, dict):
-        error = body.get("error")
-        if isinstance(error, dict) and error.get("message"):
-            found = error["message"]
-        elif error:
-            found = error
-        elif body.get("message"):
-            found = body["message"]
-        elif body.get("detail"):
-            found = body["detail"]
-    if not isinstance(found, str):
-        found = json.dumps(found, separators=(",", ":"))
-    line = " ".join(found.split()) or response.reason_phrase or "no message"
-    return line[:MESSAGE_CHARS]
 
 
 @dataclass
@@ -243,8 +196,7 @@ class OpenAIEmbedder:
         return state
 
     def _backoff(self, retry: int) -> float:
-        full = min(MAX_BACKOFF_SECONDS, self.settings.embedding_backoff_seconds * 2.0 ** (retry - 1))
-        return full / 2 + self._rng.random() * full / 2  # equal jitter: retries do not arrive as one
+        return jittered(self.settings.embedding_backoff_seconds, retry, MAX_BACKOFF_SECONDS, self._rng.random)
 
     async def _request(self, texts: list[str], *, retry: bool = True) -> list[list[float]]:
         state = await self._state()

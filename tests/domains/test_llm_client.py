@@ -15,6 +15,7 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
+from domains.http_answers import retry_after, server_message
 from domains.llm_client import (
     LLMBadOutput,
     LLMClient,
@@ -23,9 +24,7 @@ from domains.llm_client import (
     LLMSettings,
     LLMUnavailable,
     client_from_settings,
-    endpoint_message,
     first_json_object,
-    retry_after,
 )
 from tasks_core.retry import RetryableError
 from tests.llm_endpoint import Reply, ScriptedEndpoint, completion
@@ -221,11 +220,11 @@ def test_retry_after_reads_seconds_and_http_dates() -> None:
 
 
 def test_endpoint_messages_come_from_the_usual_error_shapes() -> None:
-    assert endpoint_message(httpx.Response(400, json={"error": {"message": "bad\nthing"}})) == "bad thing"
-    assert endpoint_message(httpx.Response(400, json={"error": "flat"})) == "flat"
-    assert endpoint_message(httpx.Response(422, json={"detail": [{"msg": "x"}]})) == '[{"msg": "x"}]'
-    assert endpoint_message(httpx.Response(400, text="x" * 1000)).endswith("\u2026")
-    assert len(endpoint_message(httpx.Response(400, text="x" * 1000))) == 300
+    assert server_message(httpx.Response(400, json={"error": {"message": "bad\nthing"}})) == "bad thing"
+    assert server_message(httpx.Response(400, json={"error": "flat"})) == "flat"
+    assert server_message(httpx.Response(422, json={"detail": [{"msg": "x"}]})) == '[{"msg": "x"}]'
+    assert server_message(httpx.Response(400, text="x" * 1000)).endswith("\u2026")
+    assert len(server_message(httpx.Response(400, text="x" * 1000))) == 300
 
 
 def test_the_bound_is_a_real_semaphore_across_threads() -> None:
