@@ -9,6 +9,7 @@ from uuid import UUID
 from fastapi import APIRouter, HTTPException, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from app import task_actions
 from app.dependencies import Caller, Svc
 from app.schedule_actions import owned_schedule, schedule_detail, schedule_view
 from app.schemas import NO_NUL, Message, Status
@@ -98,12 +99,6 @@ class ScheduleList(BaseModel):
     items: list[ScheduleOut] = Field(description="Your schedules (every owner's with an admin key)")
 
 
-def _invalid(exc: InvalidTask) -> HTTPException:
-    errors = [{**e, "loc": ["body", *e["loc"]]} for e in exc.errors] or [
-        {"loc": ["body", exc.field], "msg": exc.message, "type": "value_error"}
-    ]
-    return HTTPException(exc.status, errors)
-
 
 @router.post(
     "",
@@ -126,7 +121,7 @@ async def create_schedule(body: ScheduleIn, caller: Caller, svc: Svc) -> Any:
     try:
         new = validate_schedule(intent, svc.registry, svc.settings, caller.name, admin=caller.admin)
     except InvalidTask as exc:
-        raise _invalid(exc) from None
+        raise task_actions.invalid(exc) from None
     row = await ScheduleStore.of(svc).create(new)
     if row is None:
         raise HTTPException(409, f"you already have a schedule named {new.name!r}")

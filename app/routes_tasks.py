@@ -71,14 +71,6 @@ def _idempotency(key: str | None, route: str, body: BaseModel) -> Idempotency | 
     return Idempotency(key, hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest())
 
 
-def _invalid(exc: InvalidTask, prefix: tuple[Any, ...] = ("body",)) -> HTTPException:
-    # The same shape as FastAPI's own validation errors, so clients handle one format: a payload
-    # model's field errors one by one, anything else as one entry.
-    errors = [{**e, "loc": [*prefix, *e["loc"]]} for e in exc.errors] or [
-        {"loc": [*prefix, exc.field], "msg": exc.message, "type": "value_error"}
-    ]
-    return HTTPException(exc.status, errors)
-
 
 async def _view(svc: Services, row: dict[str, Any]) -> dict[str, Any]:
     reason = await svc.repo.waiting_reason(
@@ -116,7 +108,7 @@ async def submit_task(
             public=True,
         )
     except InvalidTask as exc:
-        raise _invalid(exc) from None
+        raise task_actions.invalid(exc) from None
     if result.replayed:
         response.status_code = status.HTTP_200_OK
     if result.duplicate_of is not None:
@@ -150,7 +142,7 @@ async def submit_batch(
             public=True,
         )
     except InvalidTask as exc:
-        raise _invalid(exc) from None
+        raise task_actions.invalid(exc) from None
     if any(isinstance(o, Submitted) and o.replayed for o in outcomes):
         response.status_code = status.HTTP_200_OK
     results: list[dict[str, Any]] = []
@@ -244,7 +236,7 @@ async def retry_one(task_id: uuid.UUID, caller: Caller, svc: Svc) -> Any:
     if isinstance(outcome, RetryRefused):
         raise HTTPException(outcome.status, outcome.message)
     if isinstance(outcome, InvalidTask):
-        raise _invalid(outcome)
+        raise task_actions.invalid(outcome)
     return await _submitted_view(svc, outcome.new)
 
 
@@ -273,7 +265,7 @@ async def list_tasks(
             status=status_, task_type=task_type, owner=caller.owner_filter(), limit=limit, cursor=cursor
         )
     except ValueError as exc:
-        raise _invalid(InvalidTask("cursor", str(exc)), ("query",)) from None
+        raise task_actions.invalid(InvalidTask("cursor", str(exc)), ("query",)) from None
     return {"items": [task_view(r) for r in rows], "next_cursor": nxt}
 
 

@@ -15,6 +15,7 @@ from fastapi import HTTPException
 from app.auth import Principal
 from tasks_core.model import ACTIVE, TERMINAL, Status
 from tasks_core.services import Services
+from tasks_core.submission import InvalidTask
 
 
 async def owned_task(svc: Services, task_id: uuid.UUID, caller: Principal) -> dict[str, Any]:
@@ -42,6 +43,15 @@ async def delete_task(svc: Services, task_id: uuid.UUID, caller: Principal) -> N
         raise HTTPException(404, "no such task")
     if outcome == "active":
         raise HTTPException(409, "only finished tasks can be deleted; cancel it first")
+
+
+def invalid(exc: InvalidTask, prefix: tuple[Any, ...] = ("body",)) -> HTTPException:
+    """A refused intent as the API answers it: the same shape as FastAPI's own validation errors,
+    so clients handle one format (a payload model's field errors one by one, else one entry)."""
+    errors = [{**e, "loc": [*prefix, *e["loc"]]} for e in exc.errors] or [
+        {"loc": [*prefix, exc.field], "msg": exc.message, "type": "value_error"}
+    ]
+    return HTTPException(exc.status, errors)
 
 
 def attempt_view(row: Mapping[str, Any], *, full: bool) -> dict[str, Any]:

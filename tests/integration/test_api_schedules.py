@@ -11,7 +11,6 @@ from typing import Any
 import httpx
 import pytest
 
-from app.main import create_app
 from tasks_core.duties.scheduler import fire_due
 from tasks_core.services import build_services
 from tests.conftest import make_settings
@@ -30,13 +29,6 @@ async def svc(clean_db: None) -> AsyncIterator[Any]:
     yield services
     await services.close()
 
-
-@pytest.fixture
-async def client(svc: Any) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=create_app(services=svc)), base_url="http://t"
-    ) as c:
-        yield c
 
 
 def body(**fields: Any) -> dict[str, Any]:

@@ -41,12 +41,6 @@ async def svc(clean_db: None) -> AsyncIterator[Any]:
     await services.close()
 
 
-@pytest.fixture
-async def client(svc: Any) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(services=svc)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
-        yield c
-
 
 async def submit(client: httpx.AsyncClient, headers: dict[str, str], **body: Any) -> httpx.Response:
     body.setdefault("task_type", "diagnostics.noop")

@@ -10,7 +10,6 @@ from typing import Any
 import httpx
 import pytest
 
-from app.main import create_app
 from tasks_core.services import build_services
 from tests.conftest import make_settings
 
@@ -26,12 +25,6 @@ async def svc(clean_db: None) -> AsyncIterator[Any]:
     yield services
     await services.close()
 
-
-@pytest.fixture
-async def client(svc: Any) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(services=svc)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
-        yield c
 
 
 async def total(svc: Any) -> int:
