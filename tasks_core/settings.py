@@ -6,6 +6,7 @@ Each trade-off is written next to its setting.
 from __future__ import annotations
 
 import math
+import os
 import re
 from functools import lru_cache
 from typing import Literal
@@ -345,6 +346,22 @@ def get_settings() -> Settings:
         return Settings()
     except ValidationError as exc:
         raise SystemExit("\n".join(f"refusing to start: {line}" for line in _describe(exc))) from None
+
+
+# Reading Settings() (the environment and .env, validated) takes about 5 ms: a sixth of a small
+# file's worker CPU when a handler did it for every task. Kept until the DTASK_* environment, or
+# the directory whose .env it reads, changes (tests and benchmarks change both within a process).
+_current: tuple[tuple[object, ...], Settings] | None = None
+
+
+def current_settings() -> Settings:
+    """Settings as the environment holds them now, read again only when it changed: for code that
+    runs per task and must follow its process's environment."""
+    global _current
+    key = (os.getcwd(), *sorted((k, v) for k, v in os.environ.items() if k.upper().startswith("DTASK_")))
+    if _current is None or _current[0] != key:
+        _current = (key, Settings())
+    return _current[1]
 
 
 def _describe(exc: ValidationError) -> list[str]:

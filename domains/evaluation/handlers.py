@@ -27,7 +27,7 @@ from domains.knowledge.embedding import embed_texts, mismatch
 from domains.knowledge.errors import CollectionMissing
 from domains.knowledge.stores import KnowledgeStores, stores_for
 from domains.knowledge.vectors import BaseIndex, Hit
-from tasks_core.settings import Settings
+from tasks_core.settings import current_settings
 from tasks_core.worker.context import TaskContext
 
 # Milvus candidates per query: more than top_k, since vectors of files being reindexed or
@@ -138,7 +138,7 @@ async def _search(
 async def run(ctx: TaskContext) -> Any:
     run_id = str(ctx.payload["run_id"])
     settings = EvaluationSettings()
-    stores = stores_for(Settings())
+    stores = stores_for(current_settings())
     task, token = ctx.task_id, ctx.attempt_token
     async with ctx.owning_transaction() as conn:
         row = await store.claim_run(conn, run_id, task, token)

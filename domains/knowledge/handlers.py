@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +38,7 @@ from domains.knowledge.stores import KnowledgeStores, stores_for
 from domains.knowledge.tasks import INGEST
 from domains.knowledge.vectors import BaseIndex
 from tasks_core.retry import RetryableError
-from tasks_core.settings import Settings
+from tasks_core.settings import current_settings
 from tasks_core.worker.context import TaskContext
 
 log = logging.getLogger(__name__)
@@ -74,23 +73,9 @@ class Outcome:
     error: str | None = None
 
 
-# Reading Settings() (the environment and .env, validated) takes about 5 ms: a sixth of a small
-# file's worker CPU while it ran for every task. Kept until the DTASK_* environment, or the
-# directory whose .env it reads, changes.
-_settings: tuple[tuple[object, ...], Settings] | None = None
-
-
-def _current_settings() -> Settings:
-    global _settings
-    key = (os.getcwd(), *sorted((k, v) for k, v in os.environ.items() if k.upper().startswith("DTASK_")))
-    if _settings is None or _settings[0] != key:
-        _settings = (key, Settings())
-    return _settings[1]
-
-
 def _stores() -> KnowledgeStores:
     # Read when a task runs, not at import: a worker's settings come from its environment (and .env).
-    return stores_for(_current_settings())
+    return stores_for(current_settings())
 
 
 def _text(payload: dict[str, Any], key: str) -> str | None:
