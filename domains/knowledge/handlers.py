@@ -274,10 +274,7 @@ class _Indexer:
             await catalog.replace_chunks_many(
                 conn, token, [(p.file_id, p.chunk_ids, p.texts) for p in parsed]
             )
-        for file_id, (state, message) in failed.items():
-            self.open.pop(file_id, None)
-            if file_id in ended:
-                self.outcomes.append(Outcome(file_id, state, error=message))
+        self._ended(failed, ended)
         for file_id in started - moved:
             self.open.pop(file_id, None)  # deleted or taken over since it started
         if not parsed:
@@ -290,11 +287,7 @@ class _Indexer:
             # error_indexing with the endpoint's own words; the task's other rounds go on.
             rejected = {p.file_id: (ERROR_INDEXING, str(exc)) for p in parsed}
             async with ctx.owning_transaction() as conn:
-                ended = await catalog.fail_many(conn, rejected, task, token)
-            for p in parsed:
-                self.open.pop(p.file_id, None)
-                if p.file_id in ended:
-                    self.outcomes.append(Outcome(p.file_id, ERROR_INDEXING, error=str(exc)))
+                self._ended(rejected, await catalog.fail_many(conn, rejected, task, token))
             return
         async with ctx.owning_transaction() as conn:
             indexed = await catalog.advance_many(
@@ -315,6 +308,13 @@ class _Indexer:
                 # the whole base deleted, its collection is gone already).
                 with contextlib.suppress(StoreError):
                     await (await self._index(p.row)).delete_file(p.file_id)
+
+    def _ended(self, failures: dict[str, tuple[str, str]], ended: set[str]) -> None:
+        """The files of ``failures`` are done with; those this attempt ended (``ended``) have an outcome."""
+        for file_id, (state, message) in failures.items():
+            self.open.pop(file_id, None)
+            if file_id in ended:
+                self.outcomes.append(Outcome(file_id, state, error=message))
 
     async def _index(self, row: dict[str, Any]) -> BaseIndex:
         return await self.stores.index(row["kb_id"], row["dimension"])
